@@ -1,0 +1,37 @@
+"""User-facing ops: quant_linear, grouped_linear, fused_moe -- one signature, any backend."""
+from __future__ import annotations
+
+import torch
+
+from .dispatch import select_backend
+from .formats.weight import QuantWeight
+from .reference import check_linear_inputs, reference_fused_moe, reference_grouped_linear, reference_linear
+
+__all__ = ["quant_linear", "grouped_linear", "fused_moe"]
+
+
+def quant_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None, backend: str = "auto",
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x [..., K] @ dequant(qw).T + bias`` -> ``[..., N]`` in ``out_dtype`` (default: x's dtype)."""
+    check_linear_inputs(x, qw, bias)
+    chosen = select_backend("quant_linear", x, qw, backend)
+    if chosen == "reference" or x.numel() == 0:
+        if x.numel() == 0:
+            return x.new_empty(*x.shape[:-1], qw.N, dtype=out_dtype or x.dtype)
+        return reference_linear(x, qw, bias, out_dtype)
+    from .kernels.dense import triton_linear
+    return triton_linear(x, qw, bias, out_dtype)
+
+
+def grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tensor, bias: torch.Tensor | None = None,
+                   backend: str = "auto", out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Rows of ``x [T, K]`` sorted by expert, ``offsets [E+1]``; ``qw [E, N, K]`` -> ``[T, N]``."""
+    select_backend("grouped_linear", x, qw, "reference" if backend == "auto" else backend)
+    return reference_grouped_linear(x, qw, offsets, bias, out_dtype)
+
+
+def fused_moe(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, activation: str = "silu", backend: str = "auto") -> torch.Tensor:
+    """Top-k mixture of experts over quantized expert weights ``w13 [E, 2I, H]`` and ``w2 [E, H, I]``."""
+    select_backend("fused_moe", hidden, w13, "reference" if backend == "auto" else backend)
+    return reference_fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation)

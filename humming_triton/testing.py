@@ -1,0 +1,84 @@
+"""Tolerances, in one place, derived from the format and the arithmetic -- used by every test and benchmark.
+
+* Quantization error (``weight_error_bound``): round-to-nearest can be off by at most half the gap between the
+  two representable values around ``w / scale``, times the effective scale, plus whatever saturation clipped.
+* GEMM error (``linear_tolerance``): a kernel rounds each dequantized weight (and the activation, if it is not
+  already in that dtype) to the MMA input dtype -- relative error ``u`` (2^-11 fp16, 2^-8 bf16) per product --
+  then accumulates in fp32 and rounds the output once.  Independent rounding errors grow like a random walk,
+  so per output element ``|y - y_ref| <= 6 u sqrt(sum_k (x_k w_k)^2) + 2 u_32 sqrt(K) sum_k |x_k w_k| +
+  2 u_out |y_ref|`` (6 sigma; the middle term is fp32 accumulation).  A wrong
+  nibble, group or scale produces errors of order ``|y|``, far above this.
+"""
+from __future__ import annotations
+
+import torch
+
+from .formats.quantize import expand_blocks
+from .formats.weight import QuantWeight, decode_scales
+
+__all__ = ["unit_roundoff", "linear_tolerance", "assert_linear_close", "weight_error_bound", "poison_like"]
+
+_U = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    return _U[dtype]
+
+
+def linear_tolerance(x: torch.Tensor, w_hat: torch.Tensor, y_ref: torch.Tensor, mma_dtype: torch.dtype,
+                     out_dtype: torch.dtype) -> torch.Tensor:
+    """Per-element absolute tolerance of ``x @ w_hat.T`` computed with ``mma_dtype`` products, fp32 sums."""
+    xd, wd = x.double().reshape(-1, x.shape[-1]), w_hat.double()
+    spread = ((xd ** 2) @ (wd ** 2).T).sqrt().reshape(y_ref.shape)
+    # fp32 accumulation: the partial sums' own rounding, random-walk over K terms
+    acc = 2 * unit_roundoff(torch.float32) * x.shape[-1] ** 0.5 * (xd.abs() @ wd.abs().T).reshape(y_ref.shape)
+    return 6 * unit_roundoff(mma_dtype) * spread + acc + 2 * unit_roundoff(out_dtype) * y_ref.double().abs() + 1e-30
+
+
+def assert_linear_close(out: torch.Tensor, y_ref: torch.Tensor, x: torch.Tensor, w_hat: torch.Tensor,
+                        mma_dtype: torch.dtype, what: str = "") -> None:
+    if out.shape != y_ref.shape:
+        raise AssertionError(f"{what}: shape {list(out.shape)} != reference {list(y_ref.shape)}")
+    o = out.double().cpu()
+    if not bool(torch.isfinite(o).all()):
+        raise AssertionError(f"{what}: output has {int((~torch.isfinite(o)).sum())} non-finite values (unwritten?)")
+    tol = linear_tolerance(x.cpu(), w_hat.cpu(), y_ref.cpu(), mma_dtype, out.dtype)
+    err = (o - y_ref.double().cpu()).abs()
+    bad = err > tol
+    if bool(bad.any()):
+        i = int(torch.argmax((err / tol).flatten()))
+        raise AssertionError(f"{what}: {int(bad.sum())}/{bad.numel()} elements off; worst flat index {i}: "
+                             f"got {o.flatten()[i]:.6g}, want {y_ref.double().flatten()[i]:.6g}, "
+                             f"tolerance {tol.flatten()[i]:.3g}")
+
+
+def _half_gap(table: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Half the distance between the representable values around v (v already inside [min, max])."""
+    vals = torch.unique(table[torch.isfinite(table)].double())
+    hi = torch.searchsorted(vals, v).clamp(1, len(vals) - 1)
+    return (vals[hi] - vals[hi - 1]) / 2
+
+
+def weight_error_bound(w: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
+    """Per-element bound of ``|w - dequantize_weight(qw)|`` for round-to-nearest with qw's own scales."""
+    s = qw.scheme
+    n, k = qw.N, qw.K
+    bn, bk = s.group_n(n), s.group_k(k)
+    scale = expand_blocks(decode_scales(qw.scales, s).double(), bn, bk, n, k)
+    if qw.global_scale is not None:
+        scale = scale * qw.global_scale.double()[..., None, None]
+    table = s.weight.value_table().double()
+    fin = table[torch.isfinite(table)]
+    lo, hi = float(fin.min()), float(fin.max())
+    v = w.double() / scale
+    if s.zero != "none":
+        v = v + expand_blocks(qw.zeros.double(), bn, bk, n, k)
+    clipped = (v - v.clamp(lo, hi)).abs() * scale
+    return (_half_gap(table, v.clamp(lo, hi)) * scale + clipped) * (1 + 1e-6) + 1e-12
+
+
+def poison_like(t: torch.Tensor) -> torch.Tensor:
+    """A tensor of NaNs to pass as a kernel's output: an element the kernel fails to write stays NaN."""
+    return torch.full_like(t, float("nan"))
+
+
