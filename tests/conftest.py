@@ -1,7 +1,13 @@
 import os
 
-import pytest
 import torch
+
+# Without a GPU, Triton kernels run in the interpreter on CPU tensors; it must be set before any kernel module
+# is imported (triton.jit reads it at decoration time).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

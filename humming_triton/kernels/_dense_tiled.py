@@ -1,0 +1,66 @@
+"""Mid/prefill kernel: tiled ``tl.dot`` on tensor cores with the weight dequantized in registers.
+
+Codes are decoded to float32, rounded to the activation dtype (exact for every <= 8-bit integer code and for
+e2m1 / e4m3 / e5m2 values) and fed to the MMA.  When a scale group spans the whole K tile (POST_SCALE) the scale
+multiplies the fp32 partial product instead of every weight element -- fewer multiplies and no rounding of
+``q * s``; otherwise (groups smaller than the tile, float zero points) the weight is scaled before the dot.
+Programs walk output tiles in GROUP_M-row bands so that consecutive programs reuse the same weight tiles in L2.
+"""
+import triton
+import triton.language as tl
+
+from .decode import decode_scales, dequant_tile, load_group_params
+
+
+@triton.jit
+def dense_tiled_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr,
+    M, N, K, stride_xm, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    POST_SCALE: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_GLOBAL: tl.constexpr,
+    BITS: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, ZERO_KIND: tl.constexpr,
+    W_IS_FLOAT: tl.constexpr, W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr,
+    W_BIAS: tl.constexpr, W_SPECIAL: tl.constexpr, SCALE_IS_CODE: tl.constexpr,
+    S_IS_FLOAT: tl.constexpr, S_SIGNED: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
+    S_BIAS: tl.constexpr, S_SPECIAL: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    band = GROUP_M * num_n
+    first_m = (pid // band) * GROUP_M
+    rows = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % band) % rows
+    pid_n = (pid % band) // rows
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=offs_m[:, None] < M, other=0.0)
+        else:
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                        mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0)
+        w = dequant_tile(w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, offs_n, k0,
+                         N, K, BLOCK_N, BLOCK_K, EVEN_K, not POST_SCALE, BITS, GROUP_K, GROUP_N, ZERO_KIND,
+                         W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT,
+                         S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
+        wt = tl.trans(w.to(x.dtype))
+        if DOT_F32:  # the interpreter multiplies bf16 bit patterns: upcast (after the same rounding)
+            part = tl.dot(x.to(tl.float32), wt.to(tl.float32), input_precision="ieee")
+        else:
+            part = tl.dot(x, wt)
+        if POST_SCALE:
+            s = load_group_params(s_ptr, stride_sn, stride_sk, offs_n, k0, N, K, BLOCK_K, GROUP_K, GROUP_N)
+            s = decode_scales(s, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
+            acc += part * tl.reshape(s, (1, BLOCK_N))
+        else:
+            acc += part
+    if HAS_GLOBAL:
+        acc = acc * tl.load(g_ptr)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)

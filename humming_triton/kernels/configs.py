@@ -1,0 +1,86 @@
+"""Launch configurations: how fast it runs, never what it computes (a tile size cannot change a result
+beyond fp32 summation order).
+
+Lookup order: ``autotune_configs/<device-slug>.json`` written by the tuning sweep (exact (M bucket, N, K,
+weight bits) match), then the built-in heuristics below.  Nothing here tunes at run time.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+CONFIG_DIR = Path(os.environ.get("HUMMING_TRITON_CONFIG_DIR", Path(__file__).resolve().parents[2] / "autotune_configs"))
+GEMV_MAX_M = 8
+NUM_SMS_DEFAULT = 132
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    family: str  # "gemv" | "tiled"
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def m_bucket(m: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(m, 1))))
+
+
+def _pow2_floor(v: int) -> int:
+    return 1 << (max(v, 1).bit_length() - 1)
+
+
+def fit_block_k(bk: int, group_k: int, k: int, bits: int) -> int:
+    """BLOCK_K must tile the scale groups (one divides the other) and start on a packed-word boundary."""
+    if group_k < k:
+        p = group_k & -group_k  # largest power of two dividing the group
+        if p != group_k:
+            bk = min(bk, p)
+    epw = 32 // bits if 32 % bits == 0 else 1
+    return max(bk, epw)
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned(device_slug: str) -> dict:
+    path = CONFIG_DIR / f"{device_slug}.json"
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text()).get("dense", {})
+
+
+def heuristic(m: int, n: int, k: int, bits: int, num_sms: int = NUM_SMS_DEFAULT) -> DenseConfig:
+    if m <= GEMV_MAX_M:
+        bm = m_bucket(m)
+        bn = 16 if bm <= 2 else 8
+        bk = 512 if bm == 1 else max(64, 2048 // (bm * bn))
+        bk = min(bk, max(32, _pow2_floor(k)))
+        programs = -(-n // bn) * -(-m // bm)
+        k_tiles = -(-k // bk)
+        split = 1
+        while programs * split < 2 * num_sms and split * 2 <= max(1, k_tiles // 4):
+            split *= 2
+        return DenseConfig("gemv", bm, bn, bk, split, num_warps=4, num_stages=1)
+    bm = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
+    bn = 64 if m <= 64 else 128
+    bk = 128 if m <= 64 else 64
+    warps = 4 if bm <= 64 else 8
+    return DenseConfig("tiled", bm, bn, bk, 1, 8, warps, 3 if bm <= 64 else 4)
+
+
+def choose(m: int, n: int, k: int, bits: int, group_k: int, device_slug: str | None = None,
+           num_sms: int = NUM_SMS_DEFAULT) -> DenseConfig:
+    cfg = None
+    if device_slug:
+        entry = _tuned(device_slug).get(f"{m_bucket(m)}|{n}|{k}|{bits}")
+        if entry:
+            cfg = DenseConfig(**entry)
+    cfg = cfg or heuristic(m, n, k, bits, num_sms)
+    return replace(cfg, block_k=fit_block_k(cfg.block_k, group_k, k, bits))

@@ -1,0 +1,176 @@
+"""Triton device helpers shared by every kernel family (dense GEMV, tiled GEMM, grouped MoE).
+
+One decode helper per element-type family -- integers and ExMy floats -- driven by constexprs from
+:func:`format_constexprs`, plus the tile loaders that read the canonical ``kpack32`` layout:
+
+* ``load_codes``   -> ``[BN, BK]`` int32 codes of rows ``n`` and columns ``k0 .. k0+BK`` of the weight.
+* ``dequant_tile`` -> codes -> float32 weight values with zero point, group scales and global scale applied.
+
+Codes are unpacked in registers: for 1/2/4/8 bits each thread loads whole int32 words (16-byte vectors when the
+tile allows) and splits them with shifts; 3/5/6/7-bit codes cross word boundaries and are gathered from the two
+words they may straddle.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..formats.dtypes import FloatType, IntType, WideFloat
+from ..formats.scheme import QuantScheme
+
+SPECIAL_IDS = {"finite": 0, "fn": 1, "ieee": 2, "e8m0": 3}
+ZERO_IDS = {"none": 0, "int": 1, "float": 2}
+
+
+def _elem_constexprs(t, prefix: str) -> dict:
+    if isinstance(t, IntType):
+        return {f"{prefix}IS_FLOAT": False, f"{prefix}SIGNED": t.signed, f"{prefix}EXP": 0, f"{prefix}MAN": 0,
+                f"{prefix}BIAS": 0, f"{prefix}SPECIAL": 0}
+    assert isinstance(t, FloatType)
+    return {f"{prefix}IS_FLOAT": True, f"{prefix}SIGNED": t.signed, f"{prefix}EXP": t.exp, f"{prefix}MAN": t.man,
+            f"{prefix}BIAS": t.exp_bias, f"{prefix}SPECIAL": SPECIAL_IDS[t.special]}
+
+
+def format_constexprs(scheme: QuantScheme, n: int, k: int) -> dict:
+    """Everything structural about a weight format, as kernel constexprs (one compiled variant per format)."""
+    sd = scheme.scale.dtype
+    out = {"BITS": scheme.bits, "GROUP_K": scheme.group_k(k), "GROUP_N": scheme.group_n(n),
+           "SCALE_IS_CODE": not isinstance(sd, WideFloat), "ZERO_KIND": ZERO_IDS[scheme.zero],
+           "HAS_GLOBAL": scheme.scale.global_scale}
+    out.update(_elem_constexprs(scheme.weight, "W_"))
+    out.update(_elem_constexprs(sd if not isinstance(sd, WideFloat) else IntType(8, False), "S_"))
+    return out
+
+
+@triton.jit
+def decode_int(c, BITS: tl.constexpr, SIGNED: tl.constexpr):
+    if SIGNED:
+        # sign-extend the low BITS bits: shift up to the int32 sign bit, arithmetic shift back down
+        return ((c << (32 - BITS)) >> (32 - BITS)).to(tl.float32)
+    return c.to(tl.float32)
+
+
+@triton.jit
+def decode_float(c, EXP: tl.constexpr, MAN: tl.constexpr, BIAS: tl.constexpr, SIGNED: tl.constexpr,
+                 SPECIAL: tl.constexpr):
+    """ExMy code -> float32, exact: rebuild the fp32 bit pattern (normal) or scale the mantissa (subnormal)."""
+    e = (c >> MAN) & ((1 << EXP) - 1)
+    m = c & ((1 << MAN) - 1)
+    if SPECIAL == 3:  # e8m0: 2**(e - 127), no zero; e == 0 is the fp32 subnormal 2**-127
+        normal = (e << 23).to(tl.float32, bitcast=True)
+        mag = tl.where(e == 0, 5.877471754111438e-39, normal)
+        mag = tl.where(e == 255, float("nan"), mag)
+    else:
+        normal = (((e - BIAS + 127) << 23) | (m << (23 - MAN))).to(tl.float32, bitcast=True)
+        sub = m.to(tl.float32) * (2.0 ** (1 - BIAS - MAN))
+        mag = tl.where(e == 0, sub, normal)
+        if SPECIAL == 1:
+            mag = tl.where((e == (1 << EXP) - 1) & (m == (1 << MAN) - 1), float("nan"), mag)
+        if SPECIAL == 2:
+            mag = tl.where(e == (1 << EXP) - 1, tl.where(m == 0, float("inf"), float("nan")), mag)
+    if SIGNED:
+        mag = tl.where(((c >> (EXP + MAN)) & 1) == 1, -mag, mag)
+    return mag
+
+
+@triton.jit
+def decode(c, BITS: tl.constexpr, IS_FLOAT: tl.constexpr, SIGNED: tl.constexpr, EXP: tl.constexpr,
+           MAN: tl.constexpr, BIAS: tl.constexpr, SPECIAL: tl.constexpr):
+    if IS_FLOAT:
+        return decode_float(c, EXP, MAN, BIAS, SIGNED, SPECIAL)
+    return decode_int(c, BITS, SIGNED)
+
+
+@triton.jit
+def load_codes(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               BITS: tl.constexpr, EVEN_K: tl.constexpr):
+    """int32 codes [BLOCK_N, BLOCK_K] of weight rows offs_n, columns k0 .. k0 + BLOCK_K (0 outside)."""
+    mask_n = offs_n < N
+    if 32 % BITS == 0:
+        EPW: tl.constexpr = 32 // BITS  # codes per word; BLOCK_K is a multiple of it, k0 word aligned
+        WORDS: tl.constexpr = BLOCK_K // EPW
+        offs_w = k0 // EPW + tl.arange(0, WORDS)
+        ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_w[None, :]
+        if EVEN_K:
+            words = tl.load(ptrs, mask=mask_n[:, None], other=0)
+        else:
+            words = tl.load(ptrs, mask=mask_n[:, None] & (offs_w[None, :] < (K + EPW - 1) // EPW), other=0)
+        shifts = tl.arange(0, EPW) * BITS
+        codes = (words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)
+        codes = tl.reshape(codes, (BLOCK_N, BLOCK_K))
+        if not EVEN_K:
+            codes = tl.where((k0 + tl.arange(0, BLOCK_K))[None, :] < K, codes, 0)
+        return codes
+    else:
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        bit = offs_k * BITS
+        word = bit // 32
+        shift = (bit % 32).to(tl.uint32)
+        mask = mask_n[:, None] & (offs_k[None, :] < K)
+        row = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
+        spill = (shift + BITS) > 32
+        lo = tl.load(row + word[None, :], mask=mask, other=0).to(tl.uint32, bitcast=True)
+        hi = tl.load(row + word[None, :] + 1, mask=mask & spill[None, :], other=0).to(tl.uint32, bitcast=True)
+        # logical shifts on uint32; the high part only where the code spills into the next word
+        up = tl.where(spill, 32 - shift, 0).to(tl.uint32)
+        hi = tl.where(spill[None, :], hi << up[None, :], 0)
+        codes = ((lo >> shift[None, :]) | hi) & ((1 << BITS) - 1)
+        return codes.to(tl.int32)
+
+
+@triton.jit
+def dequant_tile(w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, offs_n, k0, N, K,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, APPLY_SCALE: tl.constexpr,
+                 BITS: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, ZERO_KIND: tl.constexpr,
+                 W_IS_FLOAT: tl.constexpr, W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr,
+                 W_BIAS: tl.constexpr, W_SPECIAL: tl.constexpr, SCALE_IS_CODE: tl.constexpr,
+                 S_IS_FLOAT: tl.constexpr, S_SIGNED: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
+                 S_BIAS: tl.constexpr, S_SPECIAL: tl.constexpr):
+    """float32 [BLOCK_N, BLOCK_K] weight tile: decode(q) or (q - zero), times the group scale if APPLY_SCALE
+    (the global scale is left to the caller: it is one multiply of the accumulator)."""
+    c = load_codes(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N, BLOCK_K, BITS, EVEN_K)
+    if ZERO_KIND == 0:
+        v = decode(c, BITS, W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL)
+    else:
+        z = load_group_params(z_ptr, stride_zn, stride_zk, offs_n, k0, N, K, BLOCK_K, GROUP_K, GROUP_N)
+        v = c.to(tl.float32) - broadcast_groups(z.to(tl.float32), BLOCK_N, BLOCK_K, GROUP_K)
+    if APPLY_SCALE:
+        s = load_group_params(s_ptr, stride_sn, stride_sk, offs_n, k0, N, K, BLOCK_K, GROUP_K, GROUP_N)
+        s = decode_scales(s, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
+        v = v * broadcast_groups(s, BLOCK_N, BLOCK_K, GROUP_K)
+    return v
+
+
+@triton.jit
+def load_group_params(p_ptr, stride_pn, stride_pk, offs_n, k0, N, K, BLOCK_K: tl.constexpr,
+                      GROUP_K: tl.constexpr, GROUP_N: tl.constexpr):
+    """Per-group parameters (scales or zeros) for a [BLOCK_N, BLOCK_K] tile: [BLOCK_N, GROUPS] where GROUPS =
+    BLOCK_K // GROUP_K when groups are smaller than the tile, else [BLOCK_N, 1] (one group spans the tile)."""
+    rows = (offs_n // GROUP_N).to(tl.int64) * stride_pn
+    mask_n = offs_n < N
+    if GROUP_K < BLOCK_K:
+        GROUPS: tl.constexpr = BLOCK_K // GROUP_K
+        g = k0 // GROUP_K + tl.arange(0, GROUPS)
+        return tl.load(p_ptr + rows[:, None] + g[None, :] * stride_pk,
+                       mask=mask_n[:, None] & (g[None, :] < (K + GROUP_K - 1) // GROUP_K), other=0)
+    else:
+        return tl.load(p_ptr + rows[:, None] + (k0 // GROUP_K) * stride_pk, mask=mask_n[:, None], other=0)
+
+
+@triton.jit
+def broadcast_groups(p, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_K: tl.constexpr):
+    """Expand per-group parameters p (from load_group_params) to a [BLOCK_N, BLOCK_K] tile."""
+    if GROUP_K < BLOCK_K:
+        GROUPS: tl.constexpr = BLOCK_K // GROUP_K
+        p3 = tl.broadcast_to(p[:, :, None], (BLOCK_N, GROUPS, GROUP_K))
+        return tl.reshape(p3, (BLOCK_N, BLOCK_K))
+    else:
+        return tl.broadcast_to(p, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def decode_scales(s, SCALE_IS_CODE: tl.constexpr, S_IS_FLOAT: tl.constexpr, S_SIGNED: tl.constexpr,
+                  S_EXP: tl.constexpr, S_MAN: tl.constexpr, S_BIAS: tl.constexpr, S_SPECIAL: tl.constexpr):
+    if SCALE_IS_CODE:
+        return decode_float(s.to(tl.int32), S_EXP, S_MAN, S_BIAS, S_SIGNED, S_SPECIAL)
+    return s.to(tl.float32)
