@@ -25,6 +25,8 @@ FAMILIES = {
     "gemv_splitk": lambda m: configs.DenseConfig("gemv", configs.m_bucket(min(m, 8)), 16, 64, 3, num_stages=1),
     "tiled": lambda m: configs.DenseConfig("tiled", 16, 32, 64, 1, 2),
     "tiled_wide_k": lambda m: configs.DenseConfig("tiled", 32, 16, 256, 1, 2),
+    "tiled_splitk": lambda m: configs.DenseConfig("tiled", 16, 16, 64, 2, 2),
+    "dequant_mm": lambda m: configs.DenseConfig("dequant_mm", 1, 16, 64),
 }
 SHAPES = [(1, 37, 384), (5, 64, 128), (19, 100, 640)]  # (M, N, K): odd N, K not a multiple of the K tile
 
@@ -53,13 +55,15 @@ def _run_case(fmt, family, shape, dtype, rng, device="cpu"):
     assert_linear_close(y.cpu(), ref, x.cpu().float(), w_hat, mma, f"{scheme} {family} {shape} {dtype}")
 
 
+# every format on every family; the odd shapes rotate over the pairs so each (format, family) sees one of them
+# and each shape meets every format and every family
+CASES = [(fmt, fam, SHAPES[(i + j) % len(SHAPES)]) for i, fmt in enumerate(FORMATS) for j, fam in enumerate(FAMILIES)]
+
+
 @pytest.mark.interpret
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: "-".join(f))
+@pytest.mark.parametrize("fmt,family,shape", CASES,
+                         ids=["-".join(f) + f"-{fam}-" + "x".join(map(str, sh)) for f, fam, sh in CASES])
 def test_dense_kernel_interpreted(fmt, family, shape, rng):
-    if (32 % _scheme(fmt).bits == 0) and shape[2] % 32:
-        pytest.fail("test shapes must keep K word-aligned for packed layouts")  # guard against a bad edit
     _run_case(fmt, family, shape, torch.float16, rng)
 
 
@@ -81,6 +85,14 @@ def test_auto_dispatch_and_odd_m(m, rng):
     ref = ht.reference_linear(x, qw, out_dtype=torch.float32).double()
     if m:
         assert_linear_close(y, ref, x.float(), ht.dequantize_weight(qw), torch.float16, "auto")
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("fmt", FORMATS[::3], ids=lambda f: "-".join(f))
+def test_triton_dequantize_is_exact(fmt, rng):
+    from humming_triton.kernels.dense import triton_dequantize
+    qw = ht.quantize_weight(torch.randn(37, 384, generator=rng), _scheme(fmt))
+    assert torch.equal(triton_dequantize(qw, torch.float32), ht.dequantize_weight(qw))
 
 
 def test_unsupported_schemes_are_named(monkeypatch):

@@ -4,7 +4,8 @@ Codes are decoded to float32, rounded to the activation dtype (exact for every <
 e2m1 / e4m3 / e5m2 values) and fed to the MMA.  When a scale group spans the whole K tile (POST_SCALE) the scale
 multiplies the fp32 partial product instead of every weight element -- fewer multiplies and no rounding of
 ``q * s``; otherwise (groups smaller than the tile, float zero points) the weight is scaled before the dot.
-Programs walk output tiles in GROUP_M-row bands so that consecutive programs reuse the same weight tiles in L2.
+Programs walk output tiles in GROUP_M-row bands so that consecutive programs reuse the same weight tiles in L2;
+at mid M, SPLIT_K programs share an output tile (fp32 atomics) so that enough programs stream the weight.
 """
 import triton
 import triton.language as tl
@@ -17,7 +18,7 @@ def dense_tiled_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr,
     M, N, K, stride_xm, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    POST_SCALE: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr, POST_SCALE: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_GLOBAL: tl.constexpr,
     BITS: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, ZERO_KIND: tl.constexpr,
     W_IS_FLOAT: tl.constexpr, W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr,
@@ -35,8 +36,11 @@ def dense_tiled_kernel(
     pid_n = (pid % band) // rows
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_begin = tl.program_id(1) * k_span
+    k_end = tl.minimum(k_begin + k_span, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_begin, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if EVEN_K:
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=offs_m[:, None] < M, other=0.0)
@@ -60,7 +64,11 @@ def dense_tiled_kernel(
             acc += part
     if HAS_GLOBAL:
         acc = acc * tl.load(g_ptr)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(y_ptrs, acc, mask=mask)  # fp32 workspace; bias and cast after the last split

@@ -1,5 +1,10 @@
 """Dense weight-only GEMM (WnA16) on Triton: picks the kernel family by M and launches it.
 
+Families (configs.py chooses; ``autotune_configs/<device>.json`` overrides):
+``gemv``  small M, CUDA-core FMA reduction streaming the weight once (``_dense_gemv.py``);
+``tiled`` tensor-core ``tl.dot`` with in-register dequantization, optional split-K (``_dense_tiled.py``);
+``dequant_mm`` large M: dequantize to a dense tensor once per call (``_dequant.py``), then cuBLAS.
+
 ``triton_linear(x, qw)`` reads the canonical QuantWeight directly (no per-call repacking); the format's
 constexprs are computed once per QuantWeight and cached on it.
 """
@@ -15,9 +20,10 @@ from ..formats.weight import QuantWeight
 from . import configs
 from ._dense_gemv import dense_gemv_kernel
 from ._dense_tiled import dense_tiled_kernel
+from ._dequant import dequant_kernel
 from .decode import format_constexprs
 
-__all__ = ["triton_linear"]
+__all__ = ["triton_linear", "triton_dequantize"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,9 +33,10 @@ def _device_facts(index: int) -> tuple[str, int]:
     return slug, props.multi_processor_count
 
 
-def _facts(x: torch.Tensor) -> tuple[str | None, int]:
-    if x.is_cuda:
-        return _device_facts(x.device.index if x.device.index is not None else torch.cuda.current_device())
+def device_facts(device: torch.device) -> tuple[str | None, int]:
+    """(config-file slug, SM count) of a device; CPU (the interpreter) gets the H200's SM count."""
+    if device.type == "cuda":
+        return _device_facts(device.index if device.index is not None else torch.cuda.current_device())
     return None, configs.NUM_SMS_DEFAULT
 
 
@@ -38,6 +45,37 @@ def _format(qw: QuantWeight) -> dict:
     if fmt is None:
         fmt = qw.cache["triton_format"] = format_constexprs(qw.scheme, qw.N, qw.K)
     return fmt
+
+
+def _launch_format(qw: QuantWeight, block_k: int) -> dict:
+    fmt = _format(qw)
+    if fmt["GROUP_K"] >= qw.K and fmt["GROUP_K"] < block_k:
+        # one scale spans all of K: any group extent >= K means the same; >= BLOCK_K keeps one scale per tile
+        fmt = {**fmt, "GROUP_K": block_k}
+    return fmt
+
+
+def _weight_args(qw: QuantWeight) -> tuple[tuple, dict]:
+    zeros = qw.zeros if qw.zeros is not None else qw.scales
+    gscale = qw.global_scale if qw.global_scale is not None else qw.scales
+    ptrs = (qw.data, qw.scales, zeros, gscale)
+    strides = dict(stride_wn=qw.data.stride(0), stride_sn=qw.scales.stride(0), stride_sk=qw.scales.stride(1),
+                   stride_zn=zeros.stride(0), stride_zk=zeros.stride(1))
+    return ptrs, strides
+
+
+def triton_dequantize(qw: QuantWeight, dtype: torch.dtype = torch.float32, block_n: int = 32,
+                      block_k: int = 128) -> torch.Tensor:
+    """Dense ``[N, K]`` weight in ``dtype`` (2-D QuantWeights)."""
+    n, k = qw.N, qw.K
+    block_k = configs.fit_block_k(block_k, _format(qw)["GROUP_K"], k, qw.scheme.bits)
+    fmt = _launch_format(qw, block_k)
+    out = torch.empty(n, k, dtype=dtype, device=qw.device)
+    (w, s, z, g), strides = _weight_args(qw)
+    dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
+        w, s, z, g, out, n, k, stride_on=out.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
+        EVEN_K=k % block_k == 0, **strides, **fmt)
+    return out
 
 
 def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None,
@@ -50,42 +88,37 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    fmt = _format(qw)
-    slug, sms = _facts(x)
-    cfg = config or configs.choose(m, n, k, qw.scheme.bits, fmt["GROUP_K"], slug, sms)
-    if fmt["GROUP_K"] >= k and fmt["GROUP_K"] < cfg.block_k:
-        # one scale spans all of K: any group extent >= K means the same; >= BLOCK_K keeps one scale per tile
-        fmt = {**fmt, "GROUP_K": cfg.block_k}
+    slug, sms = device_facts(x.device)
+    cfg = config or configs.choose(m, n, k, qw.scheme.bits, _format(qw)["GROUP_K"], slug, sms)
     bias = qw.bias if bias is None else bias
-    zeros = qw.zeros if qw.zeros is not None else qw.scales
-    gscale = qw.global_scale if qw.global_scale is not None else qw.scales
-    common = dict(
-        M=m, N=n, K=k, stride_xm=x2.stride(0), stride_wn=qw.data.stride(0),
-        stride_sn=qw.scales.stride(0), stride_sk=qw.scales.stride(1),
-        stride_zn=zeros.stride(0), stride_zk=zeros.stride(1),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **fmt)
-    if cfg.family == "gemv":
-        split = cfg.split_k
-        if split == 1:
-            y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x.device)
-        else:
-            y = torch.zeros(m, n, dtype=torch.float32, device=x.device)
-        grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))
-        dense_gemv_kernel[grid](x2, qw.data, qw.scales, zeros, gscale, bias if bias is not None else y, y,
-                                stride_ym=y.stride(0), SPLIT_K=split,
-                                HAS_BIAS=bias is not None and split == 1, **common)
-        if split > 1:
-            if bias is not None:
-                y += bias.float()
-            y = out.copy_(y) if out is not None else y.to(out_dtype)
-    else:
+    if cfg.family == "dequant_mm":
+        w = triton_dequantize(qw, x2.dtype, cfg.block_n, cfg.block_k)
+        y = torch.nn.functional.linear(x2, w, None if bias is None else bias.to(x2.dtype))
+        y = out.copy_(y) if out is not None else y.to(out_dtype)
+        return y.reshape(*x.shape[:-1], n)
+
+    fmt = _launch_format(qw, cfg.block_k)
+    (w, s, z, g), strides = _weight_args(qw)
+    split = cfg.split_k
+    if split == 1:
         y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x.device)
-        group_k = fmt["GROUP_K"]
-        post = fmt["ZERO_KIND"] != 2 and (group_k >= k or group_k % cfg.block_k == 0)
-        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
-        dense_tiled_kernel[grid](x2, qw.data, qw.scales, zeros, gscale, bias if bias is not None else y, y,
-                                 stride_ym=y.stride(0), GROUP_M=cfg.group_m, POST_SCALE=post,
-                                 DOT_F32=interpreting() or x.dtype == torch.float32,
-                                 HAS_BIAS=bias is not None, **common)
+    else:
+        y = torch.zeros(m, n, dtype=torch.float32, device=x.device)
+    common = dict(M=m, N=n, K=k, stride_xm=x2.stride(0), stride_ym=y.stride(0), BLOCK_M=cfg.block_m,
+                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, EVEN_K=k % cfg.block_k == 0,
+                  HAS_BIAS=bias is not None and split == 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                  **strides, **fmt)
+    b = bias if bias is not None else y
+    if cfg.family == "gemv":
+        grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))
+        dense_gemv_kernel[grid](x2, w, s, z, g, b, y, **common)
+    else:
+        post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
+        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
+        dense_tiled_kernel[grid](x2, w, s, z, g, b, y, GROUP_M=cfg.group_m, POST_SCALE=post,
+                                 DOT_F32=interpreting() or x.dtype == torch.float32, **common)
+    if split > 1:
+        if bias is not None:
+            y += bias.float()
+        y = out.copy_(y) if out is not None else y.to(out_dtype)
     return y.reshape(*x.shape[:-1], n)
