@@ -1,6 +1,8 @@
 """User-facing ops: quant_linear, grouped_linear, fused_moe -- one signature, any backend."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .dispatch import select_backend
@@ -20,6 +22,10 @@ def quant_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = N
             return x.new_empty(*x.shape[:-1], qw.N, dtype=out_dtype or x.dtype)
         return reference_linear(x, qw, bias, out_dtype)
     from .kernels.dense import triton_linear
+    if qw.k_perm is not None:  # act-order weight: gather x's K once, run the stored layout (formats/weight.py)
+        stored = qw.cache.get("stored_k_order") or qw.cache.setdefault(
+            "stored_k_order", dataclasses.replace(qw, k_perm=None))  # cached so kernel views are made once
+        x, qw = x.index_select(-1, qw.k_perm), stored
     return triton_linear(x, qw, bias, out_dtype)
 
 

@@ -139,6 +139,15 @@ def quantize_weight(w: torch.Tensor, scheme: "QuantScheme | str", *, bias: torch
 
 def dequantize_weight(qw: QuantWeight) -> torch.Tensor:
     """QuantWeight -> float32 tensor of the logical shape (exact in float32 for every built-in format)."""
+    w = _dequantize_stored(qw)
+    if qw.k_perm is None:
+        return w
+    # stored column j is logical column k_perm[j] (act-order): undo the permutation (see weight.py)
+    inv = torch.argsort(qw.k_perm, dim=-1).expand(*w.shape[:-1], qw.K)
+    return torch.gather(w, -1, inv)
+
+
+def _dequantize_stored(qw: QuantWeight) -> torch.Tensor:
     s = qw.scheme
     n, k = qw.N, qw.K
     bn, bk = s.group_n(n), s.group_k(k)

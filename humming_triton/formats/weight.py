@@ -19,6 +19,12 @@ field          shape                                             dtype / meaning
 
     w = decode(q) * s[n//bn, k//bk] * global            (zero = none)
     w = (q - z[n//bn, k//bk]) * s[n//bn, k//bk]          (zero = int | float; q is the unsigned code)
+
+``k_perm`` (act-order, e.g. GPTQ ``desc_act``): when set, the packed codes/scales/zeros describe the weight
+with its K axis permuted, so that scale groups are contiguous: stored column ``j`` is logical column
+``k_perm[j]``.  ``dequantize_weight`` returns the *logical* weight (``w[..., k_perm] = w_stored``), so
+``y = x @ w.T = x[..., k_perm] @ w_stored.T``: a backend gathers the activation's K once per call (or folds
+the gather into its loads) and then runs the ordinary grouped kernel on the stored layout.
 """
 from __future__ import annotations
 
@@ -73,6 +79,7 @@ class QuantWeight:
     input_scale: torch.Tensor | None = None
     bias: torch.Tensor | None = None
     layout: str = LAYOUT
+    k_perm: torch.Tensor | None = None
     # kernel-specific views made once (e.g. a repacked layout), keyed by the backend that made them
     cache: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -109,7 +116,7 @@ class QuantWeight:
         mv = lambda t: None if t is None else t.to(device)  # noqa: E731
         return replace(self, data=mv(self.data), scales=mv(self.scales), zeros=mv(self.zeros),
                        global_scale=mv(self.global_scale), input_scale=mv(self.input_scale), bias=mv(self.bias),
-                       cache={})
+                       k_perm=mv(self.k_perm), cache={})
 
     def expert(self, e: int) -> "QuantWeight":
         """The 2-D QuantWeight of expert ``e`` (views, no copies)."""
@@ -117,8 +124,9 @@ class QuantWeight:
             raise ValueError("expert() needs a 3-D [E, N, K] QuantWeight")
         pick = lambda t: None if t is None else t[e]  # noqa: E731
         gs = None if self.global_scale is None else self.global_scale[e]
+        kp = None if self.k_perm is None else (self.k_perm[e] if self.k_perm.dim() == 2 else self.k_perm)
         return QuantWeight(self.data[e], self.scales[e], self.scheme, self.shape[1:], pick(self.zeros), gs,
-                           self.input_scale, pick(self.bias))
+                           self.input_scale, pick(self.bias), k_perm=kp)
 
     # --- checks -------------------------------------------------------------------------------------------------
     def validate(self) -> None:
@@ -154,7 +162,15 @@ class QuantWeight:
             raise ValueError(f"scheme {s.name} has no global scale but one was given")
         if self.bias is not None and tuple(self.bias.shape) != (*self.lead, n):
             raise ValueError(f"bias must have shape {[*self.lead, n]}, got {list(self.bias.shape)}")
-        devs = {t.device for t in (self.data, self.scales, self.zeros, self.global_scale) if t is not None}
+        if self.k_perm is not None:
+            kp = self.k_perm
+            if kp.dtype != torch.int64 or tuple(kp.shape) not in ((k,), (*self.lead, k)):
+                raise ValueError(f"k_perm must be int64 of shape [{k}] or {[*self.lead, k]}, got {kp.dtype} "
+                                 f"{list(kp.shape)}")
+            if not torch.equal(kp.sort(dim=-1).values, torch.arange(k, device=kp.device).expand_as(kp)):
+                raise ValueError("k_perm must be a permutation of range(K) (each row holds every index once)")
+        devs = {t.device for t in (self.data, self.scales, self.zeros, self.global_scale, self.k_perm)
+                if t is not None}
         if len(devs) > 1:
             raise ValueError(f"QuantWeight tensors live on different devices: {sorted(map(str, devs))}")
 
