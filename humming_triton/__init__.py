@@ -9,6 +9,7 @@ from .formats import (PRESETS, ActQuant, FloatType, IntType, QuantActivation, Qu
 from .linear import fused_moe, grouped_linear, quant_linear
 from .reference import reference_fused_moe, reference_grouped_linear, reference_linear
 from .checkpoints import CheckpointFormatError, load_quantized, read_quantized_tensors
+from .nn import QuantLinear, QuantMoE, replace_linear
 
 __version__ = "0.1.0"
 __all__ = [
@@ -16,5 +17,6 @@ __all__ = [
     "dequantize_activation", "dequantize_weight", "pack_codes", "parse_element_type", "quantize_activation",
     "quantize_weight", "unpack_codes", "quant_linear", "grouped_linear", "fused_moe", "reference_linear",
     "reference_grouped_linear", "reference_fused_moe", "last_backend", "select_backend",
+    "QuantLinear", "QuantMoE", "replace_linear",
     "load_quantized", "read_quantized_tensors", "CheckpointFormatError",
 ]

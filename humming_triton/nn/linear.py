@@ -1,0 +1,66 @@
+"""QuantLinear: an ``nn.Linear`` stand-in whose weight is a QuantWeight and whose forward is the custom op."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..dispatch import BACKENDS
+from ..formats.quantize import quantize_weight
+from ..formats.scheme import QuantScheme
+from ..formats.weight import QuantWeight
+from ._buffers import QuantBuffersMixin
+
+__all__ = ["QuantLinear"]
+
+
+class QuantLinear(QuantBuffersMixin, nn.Module):
+    """``y = x @ dequant(W).T + bias`` for ``x [..., in_features]``.
+
+    Buffers: ``weight_packed``, ``weight_scale``, ``weight_zero_point``, ``weight_global_scale``,
+    ``weight_input_scale``, ``weight_k_perm`` (absent ones are None and not in the state dict) and ``bias``.  The bias follows the
+    model's dtype; the quantized tensors keep theirs (see ``_buffers``).
+    """
+
+    def __init__(self, qw: QuantWeight, bias: torch.Tensor | None = None, backend: str = "auto"):
+        super().__init__()
+        if not isinstance(qw, QuantWeight):
+            raise TypeError(f"QuantLinear needs a QuantWeight, got {type(qw).__name__}")
+        if qw.num_experts is not None:
+            raise ValueError(f"QuantLinear takes a 2-D [N, K] QuantWeight, got {list(qw.shape)}; use QuantMoE")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+        bias = qw.bias if bias is None else bias
+        if bias is not None and tuple(bias.shape) != (qw.N,):
+            raise ValueError(f"bias must have shape [{qw.N}], got {list(bias.shape)}")
+        self.in_features, self.out_features = qw.K, qw.N
+        self.scheme: QuantScheme = qw.scheme
+        self.backend = backend
+        self._register_quant_weight("weight", qw)
+        self.register_buffer("bias", None if bias is None else bias.detach())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, scheme: "QuantScheme | str", backend: str = "auto") -> "QuantLinear":
+        """Quantize ``linear.weight`` round-to-nearest with ``scheme`` (on the weight's own device)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"from_linear needs an nn.Linear, got {type(linear).__name__}")
+        qw = quantize_weight(linear.weight.detach(), scheme)
+        return cls(qw, None if linear.bias is None else linear.bias.detach(), backend)
+
+    @classmethod
+    def from_quant_weight(cls, qw: QuantWeight, bias: torch.Tensor | None = None,
+                          backend: str = "auto") -> "QuantLinear":
+        return cls(qw, bias, backend)
+
+    @property
+    def quant_weight(self) -> QuantWeight:
+        """The QuantWeight over the current buffers (cached while they are unchanged)."""
+        return self._quant_weight("weight")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # the bias goes in the op's override slot, so the QuantWeight rebuilt inside stays bias-free and cached
+        return torch.ops.humming_triton.quant_linear(x, *self._weight_args("weight", None), self.bias,
+                                                     self.backend, None)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"scheme={self.scheme.name}, backend={self.backend}")

@@ -1,0 +1,183 @@
+"""torch.library custom ops (namespace ``humming_triton``): the graph-safe face of the library.
+
+Why custom ops: ``torch.compile`` cannot trace into Triton launches, data-dependent expert routing or our
+Python dispatch, and CUDA-graph capture needs an op whose output shape is known without running it.  A
+custom op is opaque to the compiler and comes with a *fake* implementation that only computes output
+metadata, so ``torch.compile(fullgraph=True)`` sees one node per quantized GEMM and never graph-breaks.
+
+A ``QuantWeight`` is a Python object, which an op schema cannot carry, so each op takes the weight's tensors
+(``data, scales, zeros?, global_scale?, input_scale?, bias?, k_perm?``) plus the scheme as its string form and the
+logical shape as ints, and rebuilds the QuantWeight inside.  The rebuilt object is cached *on the data tensor*
+(keyed by the identity and version counter of every tensor), because backends keep per-weight state in
+``qw.cache`` (the reference's dequantized fp32 copy, a kernel's repacked layout): rebuilding on every call would
+throw that away.  A cache hit costs a few attribute reads; validation runs only on a miss (new weight, or one
+changed in place, e.g. by ``load_state_dict``).
+
+The modules in ``humming_triton.nn`` call these ops; ``ht.quant_linear`` & co. stay plain Python functions.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from .formats.activation import QuantActivation
+from .formats.dtypes import WideFloat
+from .formats.scheme import PRESETS, ActQuant, QuantScheme
+from .formats.weight import QuantWeight
+
+__all__ = ["quant_linear_op", "grouped_linear_op", "fused_moe_op", "quantize_activation_op", "weight_args",
+           "quant_weight_from_args"]
+
+_Tensor = torch.Tensor
+_OptT = Optional[torch.Tensor]
+_CACHE_ATTR = "_humming_triton_qw"
+
+
+@functools.lru_cache(maxsize=256)
+def _scheme(text: str) -> QuantScheme:
+    return QuantScheme.parse(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _act_spec(text: str) -> ActQuant:
+    return ActQuant.parse(text)
+
+
+def _version(t: _OptT) -> int:
+    if t is None:
+        return -1
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors have no version counter (and cannot change outside inference mode)
+        return -2
+
+
+def quant_weight_from_args(data: _Tensor, scales: _Tensor, zeros: _OptT, global_scale: _OptT, input_scale: _OptT,
+                           bias: _OptT, k_perm: _OptT, scheme: str, shape: list[int]) -> QuantWeight:
+    """The QuantWeight these tensors describe, reused across calls while none of them changed."""
+    parts = (data, scales, zeros, global_scale, input_scale, bias, k_perm)
+    key = (scheme, tuple(shape), tuple(id(t) for t in parts), tuple(_version(t) for t in parts))
+    hit = getattr(data, _CACHE_ATTR, None)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    extra = {} if k_perm is None else {"k_perm": k_perm}  # act-order permutation (GPTQ desc_act)
+    qw = QuantWeight(data, scales, _scheme(scheme), tuple(shape), zeros, global_scale, input_scale, bias, **extra)
+    setattr(data, _CACHE_ATTR, (key, qw))
+    return qw
+
+
+def weight_args(qw: QuantWeight) -> tuple:
+    """``qw`` -> the positional weight arguments every op here takes (tensors, scheme string, shape list)."""
+    return (qw.data, qw.scales, qw.zeros, qw.global_scale, qw.input_scale, qw.bias, getattr(qw, "k_perm", None),
+            str(qw.scheme), list(qw.shape))
+
+
+def _check_k(x: _Tensor, shape: list[int], what: str) -> None:
+    if x.shape[-1] != shape[-1]:
+        raise ValueError(f"{what}: x's last dim {x.shape[-1]} != the weight's K={shape[-1]}")
+
+
+# --- quant_linear ----------------------------------------------------------------------------------------------
+@torch.library.custom_op("humming_triton::quant_linear", mutates_args=())
+def quant_linear_op(x: _Tensor, data: _Tensor, scales: _Tensor, zeros: _OptT, global_scale: _OptT,
+                    input_scale: _OptT, wbias: _OptT, k_perm: _OptT, scheme: str, shape: list[int], bias: _OptT,
+                    backend: str = "auto", out_dtype: Optional[torch.dtype] = None) -> _Tensor:
+    """``x [..., K] @ dequant(W).T + bias`` (``wbias`` is the QuantWeight's own bias, ``bias`` an override)."""
+    from .linear import quant_linear
+    qw = quant_weight_from_args(data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape)
+    return quant_linear(x, qw, bias, backend, out_dtype)
+
+
+@quant_linear_op.register_fake
+def _(x, data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape, bias, backend="auto",
+      out_dtype=None):
+    _check_k(x, shape, "quant_linear")
+    return x.new_empty(*x.shape[:-1], shape[-2], dtype=out_dtype or x.dtype)
+
+
+# --- grouped_linear --------------------------------------------------------------------------------------------
+@torch.library.custom_op("humming_triton::grouped_linear", mutates_args=())
+def grouped_linear_op(x: _Tensor, data: _Tensor, scales: _Tensor, zeros: _OptT, global_scale: _OptT,
+                      input_scale: _OptT, wbias: _OptT, k_perm: _OptT, scheme: str, shape: list[int], offsets: _Tensor,
+                      bias: _OptT, backend: str = "auto", out_dtype: Optional[torch.dtype] = None) -> _Tensor:
+    """Expert-sorted rows ``x [T, K]`` with ``offsets [E+1]`` against ``W [E, N, K]`` -> ``[T, N]``."""
+    from .linear import grouped_linear
+    qw = quant_weight_from_args(data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape)
+    return grouped_linear(x, qw, offsets, bias, backend, out_dtype)
+
+
+@grouped_linear_op.register_fake
+def _(x, data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape, offsets, bias, backend="auto",
+      out_dtype=None):
+    _check_k(x, shape, "grouped_linear")
+    return x.new_empty(x.shape[0], shape[-2], dtype=out_dtype or x.dtype)
+
+
+# --- fused_moe -------------------------------------------------------------------------------------------------
+@torch.library.custom_op("humming_triton::fused_moe", mutates_args=())
+def fused_moe_op(hidden: _Tensor,
+                 w13_data: _Tensor, w13_scales: _Tensor, w13_zeros: _OptT, w13_global_scale: _OptT,
+                 w13_input_scale: _OptT, w13_bias: _OptT, w13_k_perm: _OptT, w13_scheme: str, w13_shape: list[int],
+                 w2_data: _Tensor, w2_scales: _Tensor, w2_zeros: _OptT, w2_global_scale: _OptT,
+                 w2_input_scale: _OptT, w2_bias: _OptT, w2_k_perm: _OptT, w2_scheme: str, w2_shape: list[int],
+                 topk_weights: _Tensor, topk_ids: _Tensor, activation: str = "silu",
+                 backend: str = "auto") -> _Tensor:
+    """Top-k MoE over ``w13 [E, 2I, H]`` and ``w2 [E, H, I]`` -> ``[T, H]`` in hidden's dtype."""
+    from .linear import fused_moe
+    w13 = quant_weight_from_args(w13_data, w13_scales, w13_zeros, w13_global_scale, w13_input_scale, w13_bias, w13_k_perm,
+                                 w13_scheme, w13_shape)
+    w2 = quant_weight_from_args(w2_data, w2_scales, w2_zeros, w2_global_scale, w2_input_scale, w2_bias, w2_k_perm,
+                                w2_scheme, w2_shape)
+    return fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation, backend)
+
+
+@fused_moe_op.register_fake
+def _(hidden, w13_data, w13_scales, w13_zeros, w13_global_scale, w13_input_scale, w13_bias, w13_k_perm, w13_scheme, w13_shape,
+      w2_data, w2_scales, w2_zeros, w2_global_scale, w2_input_scale, w2_bias, w2_k_perm, w2_scheme, w2_shape,
+      topk_weights, topk_ids, activation="silu", backend="auto"):
+    _check_k(hidden, w13_shape, "fused_moe")
+    return hidden.new_empty(hidden.shape[0], w2_shape[-2])
+
+
+# --- quantize_activation ---------------------------------------------------------------------------------------
+def _act_scale_meta(x: _Tensor, spec: ActQuant) -> tuple[list[int], torch.dtype]:
+    k = x.shape[-1]
+    groups = k // spec.group_k if spec.group_k else 1
+    d = spec.scale_dtype
+    return [*x.shape[:-1], groups], (d.torch_dtype if isinstance(d, WideFloat) else torch.uint8)
+
+
+@torch.library.custom_op("humming_triton::quantize_activation", mutates_args=())
+def quantize_activation_op(x: _Tensor, spec: str, input_scale: _OptT = None) -> tuple[_Tensor, _Tensor, _Tensor]:
+    """-> ``(codes uint8 [..., K], scales, global_scale)``; ``global_scale`` is an empty ``[0]`` tensor when the
+    spec has none (an op cannot return an optional tensor)."""
+    from .formats.activation import quantize_activation
+    q = quantize_activation(x, _act_spec(spec), input_scale)
+    # outputs must be fresh, contiguous tensors: never an input (input_scale) or a broadcast view of one
+    codes, scales = q.codes.contiguous(), q.scales.contiguous().clone()
+    gs = x.new_empty(0, dtype=torch.float32) if q.global_scale is None else q.global_scale.reshape(1).clone()
+    return codes, scales, gs
+
+
+@quantize_activation_op.register_fake
+def _(x, spec, input_scale=None):
+    a = _act_spec(spec)
+    sshape, sdtype = _act_scale_meta(x, a)
+    gs = x.new_empty(1 if a.global_scale else 0, dtype=torch.float32)
+    return x.new_empty(x.shape, dtype=torch.uint8), x.new_empty(sshape, dtype=sdtype), gs
+
+
+def quantize_activation(x: _Tensor, spec: "ActQuant | QuantScheme | str", input_scale: _OptT = None) -> QuantActivation:
+    """Graph-safe ``ht.quantize_activation``: same result, through the custom op."""
+    if isinstance(spec, str):
+        key = spec.strip().lower()
+        spec = QuantScheme.parse(key) if ("=" in key or key in PRESETS) else ActQuant.parse(key)
+    if isinstance(spec, QuantScheme):
+        spec = spec.act
+    if spec is None:
+        raise ValueError("this scheme has 16-bit activations; there is nothing to quantize")
+    codes, scales, gs = quantize_activation_op(x, str(spec), input_scale)
+    return QuantActivation(codes, scales, spec, gs.reshape(()) if gs.numel() else None)
+

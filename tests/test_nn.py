@@ -1,0 +1,238 @@
+"""QuantLinear / QuantMoE / replace_linear on tiny Hugging Face models built offline from config.
+
+Oracle for the logits: the *same* network with each replaced weight overwritten by its dequantized value
+(and, for activation-quantized schemes, the inputs of those linears fake-quantized exactly as the scheme
+does), evaluated in float64.  The quantized model (reference backend, float32 math) must be as close to it as
+an ordinary float32 evaluation of that network is: ``max|q - r64| <= 4 * (max|r32 - r64| + u32 * sqrt(K) *
+depth * max|r64|)`` -- the second term is testing.py's random-walk bound for float32 accumulation over K terms,
+per GEMM on the longest path.  Quantization itself moves the logits by ~1e-2 (w8) to ~3e-1 (4-bit), four to
+five orders above this, so an unconverted or mis-converted layer (e.g. experts left in bf16) fails at once.
+"""
+import copy
+import math
+
+import pytest
+import torch
+
+import humming_triton as ht
+from humming_triton.nn import QuantLinear, QuantMoE, matches_any
+from humming_triton.testing import unit_roundoff
+
+transformers = pytest.importorskip("transformers")
+
+COMMON = dict(vocab_size=256, hidden_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+              head_dim=128, max_position_embeddings=64)
+
+
+def build(kind: str, rng: torch.Generator) -> torch.nn.Module:
+    torch.manual_seed(int(torch.randint(0, 2 ** 31 - 1, (1,), generator=rng)))
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(intermediate_size=384, **COMMON)
+        model = transformers.LlamaForCausalLM(cfg)
+    elif kind == "qwen3_moe":
+        cfg = transformers.Qwen3MoeConfig(intermediate_size=384, moe_intermediate_size=128, num_experts=4,
+                                          num_experts_per_tok=2, **COMMON)
+        model = transformers.Qwen3MoeForCausalLM(cfg)
+    else:
+        cfg = transformers.GptOssConfig(intermediate_size=128, num_local_experts=4, num_experts_per_tok=2,
+                                        layer_types=["sliding_attention", "full_attention"], sliding_window=32,
+                                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **COMMON)
+        model = transformers.GptOssForCausalLM(cfg)
+    with torch.no_grad():  # HF zero-initialises biases: make them matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+    return model.eval()
+
+
+def dequantized_copy(orig: torch.nn.Module, quant: torch.nn.Module, scheme) -> torch.nn.Module:
+    """``orig`` with every layer that ``quant`` replaced overwritten by its dequantized weights."""
+    ref = copy.deepcopy(orig)
+    for m in ref.modules():  # grouped_mm (the HF default) has no float64 kernel
+        if hasattr(m, "config"):
+            m.config._experts_implementation = "eager"
+    act = ht.QuantScheme.parse(scheme).act
+    with torch.no_grad():
+        for name in quant._humming_triton_replaced:
+            q, r = quant.get_submodule(name), ref.get_submodule(name)
+            if isinstance(q, QuantLinear):
+                r.weight.copy_(ht.dequantize_weight(q.quant_weight))
+                if act is not None:
+                    r.register_forward_pre_hook(
+                        lambda _m, a: (ht.dequantize_activation(ht.quantize_activation(a[0], act)).to(a[0].dtype),))
+            else:
+                assert isinstance(q, QuantMoE)
+                assert act is None, "the HF experts cannot fake-quantize activations"
+                gu, dn = ht.dequantize_weight(q.gate_up_weight), ht.dequantize_weight(q.down_weight)
+                if getattr(r, "is_transposed", False):
+                    gu, dn = gu.transpose(1, 2), dn.transpose(1, 2)
+                r.gate_up_proj.copy_(gu)
+                r.down_proj.copy_(dn)
+    return ref
+
+
+def assert_logits_close(q: torch.Tensor, ref: torch.nn.Module, ids: torch.Tensor, what: str) -> None:
+    with torch.no_grad():
+        r32 = ref(ids).logits
+        r64 = copy.deepcopy(ref).double()(ids).logits
+    cfg = ref.config
+    k_max = max(cfg.hidden_size, cfg.intermediate_size, getattr(cfg, "moe_intermediate_size", 0) or 0)
+    depth = 6 * cfg.num_hidden_layers + 1  # q/k/v, scores, values, o, up, down per layer; lm_head
+    floor = unit_roundoff(torch.float32) * math.sqrt(k_max) * depth * float(r64.abs().max())
+    tol = 4 * (float((r32.double() - r64).abs().max()) + floor)
+    err = float((q.double() - r64).abs().max())
+    assert err <= tol, f"{what}: logits off by {err:.3g} from the dequantized float64 model (tolerance {tol:.3g})"
+
+
+CASES = [("llama", "w4a16"), ("llama", "w8a16"), ("llama", "w8a8-fp8"), ("llama", "nvfp4"),
+         ("qwen3_moe", "w4a16"), ("qwen3_moe", "nvfp4"), ("gpt_oss", "mxfp4"), ("gpt_oss", "w8a16")]
+
+
+@pytest.mark.parametrize("kind,scheme", CASES)
+def test_replace_linear_logits(kind, scheme, rng):
+    model = build(kind, rng)
+    orig = copy.deepcopy(model)
+    ids = torch.randint(0, COMMON["vocab_size"], (2, 8), generator=rng)
+    with torch.no_grad():
+        before = model(ids).logits
+    assert ht.replace_linear(model, scheme, backend="reference") is model
+    # every linear but lm_head, and every experts container, really got replaced
+    lin = [n for n, m in orig.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    exp = [n for n, m in orig.named_modules() if hasattr(m, "gate_up_proj")]
+    assert sorted(model._humming_triton_replaced) == sorted(lin + exp)
+    assert all(isinstance(model.get_submodule(n), QuantMoE) for n in exp)
+    assert (len(exp) > 0) == (kind != "llama")
+    assert isinstance(model.lm_head, torch.nn.Linear)
+    with torch.no_grad():
+        q = model(ids).logits
+    assert_logits_close(q, dequantized_copy(orig, model, scheme), ids, f"{kind}/{scheme}")
+    # ...and the oracle can see quantization at all: the logits moved far more than the tolerance
+    assert float((q - before).abs().max()) > 1e-3
+
+
+def test_linear_only_replacement_fails_the_check(rng):
+    """Swapping only nn.Linear (experts left unquantized) must not pass the logits check."""
+    model = build("qwen3_moe", rng)
+    orig = copy.deepcopy(model)
+    ids = torch.randint(0, COMMON["vocab_size"], (2, 8), generator=rng)
+    ht.replace_linear(model, "w4a16", backend="reference", experts=False)
+    assert not any(isinstance(m, QuantMoE) for m in model.modules())
+    ref = dequantized_copy(orig, model, "w4a16")
+    with torch.no_grad():  # the oracle with the experts dequantized as a full replace_linear would have them
+        for name, m in ref.named_modules():
+            if hasattr(m, "gate_up_proj"):
+                m.gate_up_proj.copy_(ht.dequantize_weight(ht.quantize_weight(m.gate_up_proj, "w4a16")))
+                m.down_proj.copy_(ht.dequantize_weight(ht.quantize_weight(m.down_proj, "w4a16")))
+        q = model(ids).logits
+    with pytest.raises(AssertionError, match="logits off"):
+        assert_logits_close(q, ref, ids, "linear-only")
+
+
+def test_skip_patterns(rng):
+    model = build("llama", rng)
+    skip = ("lm_head", "model.layers.0", r"model\.layers\.\d+\.mlp\.gate_proj", "self_attn.o_proj")
+    ht.replace_linear(model, "w4a16", skip=skip, modules_to_not_convert=["v_proj"], backend="reference")
+    got = set(model._humming_triton_replaced)
+    assert got == {"model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj",
+                   "model.layers.1.mlp.up_proj", "model.layers.1.mlp.down_proj"}
+    report = model._humming_triton_report
+    assert report.skipped["model.layers.0.mlp.down_proj"] == "skip pattern"
+    assert "replaced 4 linear and 0 experts" in str(report)
+
+
+def test_matches_any_module_boundaries():
+    assert matches_any("model.layers.1.mlp", ["model.layers.1"])
+    assert not matches_any("model.layers.11.mlp", ["model.layers.1"])
+    assert matches_any("model.layers.0.mlp.gate", ["mlp.gate"])
+    assert not matches_any("model.layers.0.mlp.gate_proj", ["mlp.gate", "gate"])
+    assert matches_any("model.layers.7.self_attn.q_proj", [r"model\.layers\.\d+\.self_attn"])
+    assert matches_any("model.vision_tower.blocks.0.fc1", ["vision_tower"])
+    assert not matches_any("lm_head_extra", ["lm_head"])
+
+
+def test_warns_when_nothing_replaced(rng):
+    model = build("llama", rng)
+    with pytest.warns(UserWarning, match="replaced nothing"):
+        ht.replace_linear(model, "w4a16", skip=("model", "lm_head"), backend="reference")
+    assert model._humming_triton_replaced == []
+    assert not any(isinstance(m, QuantLinear) for m in model.modules())
+
+
+def test_incompatible_layers_are_listed_not_converted(rng):
+    net = torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.Linear(64, 32))  # K=64: no 128-group
+    ht.replace_linear(net, "w4a16", skip=(), backend="reference")
+    assert net._humming_triton_replaced == ["0"] and isinstance(net[1], torch.nn.Linear)
+    assert "does not divide K=64" in net._humming_triton_report.skipped["1"]
+
+
+def test_progress_bar(rng, capsys):
+    net = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(3)])
+    ht.replace_linear(net, "w8a16", skip=(), backend="reference", progress=True)
+    assert "quantizing" in capsys.readouterr().err
+
+
+def test_quant_linear_module(rng):
+    lin = torch.nn.Linear(256, 96)
+    with torch.no_grad():
+        lin.bias.normal_(generator=rng)
+    mod = QuantLinear.from_linear(lin, "nvfp4", backend="reference")
+    assert "scheme=nvfp4" in repr(mod) and "in_features=256" in repr(mod) and "backend=reference" in repr(mod)
+    x = torch.randn(3, 5, 256, generator=rng)
+    want = torch.nn.functional.linear(x, ht.dequantize_weight(mod.quant_weight), lin.bias)
+    torch.testing.assert_close(mod(x), want, rtol=1e-5, atol=1e-5)
+    # state_dict round trip into a module built from other weights
+    other = QuantLinear.from_quant_weight(ht.quantize_weight(torch.randn(96, 256, generator=rng), "nvfp4"),
+                                          bias=torch.zeros(96), backend="reference")
+    before = other(x)
+    other.load_state_dict(mod.state_dict())
+    torch.testing.assert_close(other(x), mod(x), rtol=0, atol=0)
+    assert not torch.equal(before, other(x))
+    # dtype casts move the bias, never the quantized tensors
+    scale_dtypes = {n: b.dtype for n, b in mod.named_buffers() if n != "bias"}
+    mod.to(torch.bfloat16)
+    assert {n: b.dtype for n, b in mod.named_buffers() if n != "bias"} == scale_dtypes
+    assert mod.bias.dtype == torch.bfloat16 and mod(x.bfloat16()).dtype == torch.bfloat16
+    assert set(mod.state_dict()) == {"weight_packed", "weight_scale", "weight_global_scale", "bias"}
+
+
+def test_quant_moe_expert_parallel_mask(rng):
+    """HF marks routing slots of experts on another rank with index == num_experts: they contribute nothing."""
+    e, h, i = 4, 128, 128
+    gu = ht.quantize_weight(torch.randn(e, 2 * i, h, generator=rng) * 0.1, "w4a16")
+    dn = ht.quantize_weight(torch.randn(e, h, i, generator=rng) * 0.1, "w4a16")
+    moe = QuantMoE.from_quant_weights(gu, dn, backend="reference")
+    assert "num_experts=4" in repr(moe) and "activation=silu" in repr(moe)
+    moe.expert_parallel = True
+    x = torch.randn(3, h, generator=rng)
+    ids = torch.tensor([[0, 4], [4, 2], [1, 3]])
+    wts = torch.rand(3, 2, generator=rng)
+    keep = ids < e
+    want = ht.fused_moe(x, gu, dn, torch.where(keep, wts, 0), torch.where(keep, ids, 0), backend="reference")
+    torch.testing.assert_close(moe(x, ids, wts), want, rtol=0, atol=0)
+
+
+class _TinyMoEBlock(torch.nn.Module):
+    """QuantLinear + router + QuantMoE, for a cheap fullgraph compile of a model-like forward."""
+
+    def __init__(self, rng):
+        super().__init__()
+        h, i, e = 128, 128, 4
+        self.proj = QuantLinear.from_linear(torch.nn.Linear(h, h), "w4a16", backend="reference")
+        self.router = torch.nn.Linear(h, e, bias=False)
+        self.experts = QuantMoE.from_quant_weights(
+            ht.quantize_weight(torch.randn(e, 2 * i, h, generator=rng) * 0.1, "mxfp4"),
+            ht.quantize_weight(torch.randn(e, h, i, generator=rng) * 0.1, "mxfp4"), backend="reference")
+
+    def forward(self, x):
+        x = self.proj(x)
+        w, idx = torch.topk(torch.softmax(self.router(x), -1), 2, dim=-1)
+        return x + self.experts(x, idx, w)
+
+
+def test_compile_tiny_model_fullgraph(rng):
+    torch._dynamo.reset()
+    block = _TinyMoEBlock(rng).eval()
+    x = torch.randn(5, 128, generator=rng)
+    compiled = torch.compile(block, fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), block(x), rtol=1e-5, atol=1e-5)

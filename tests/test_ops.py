@@ -1,0 +1,110 @@
+"""The torch.library custom ops: schema/fake/aot checks (opcheck), agreement with the Python API, the
+per-weight cache, and torch.compile(fullgraph=True) on CPU with the reference backend."""
+import pytest
+import torch
+
+import humming_triton as ht
+from humming_triton import ops
+from humming_triton.nn import QuantLinear
+
+LINEAR_PRESETS = ["w4a16", "w4a16-asym", "nvfp4", "w8a8-fp8"]  # plain, zero points, global scale, act quant
+
+
+def _qw(rng, shape, preset, bias=False):
+    w = torch.randn(*shape, generator=rng) * 0.1
+    b = torch.randn(*shape[:-1], generator=rng) if bias else None
+    return ht.quantize_weight(w, preset, bias=b)
+
+
+@pytest.mark.parametrize("preset", LINEAR_PRESETS)
+def test_quant_linear_op(preset, rng):
+    qw = _qw(rng, (64, 256), preset)
+    x = torch.randn(2, 3, 256, generator=rng)
+    bias = torch.randn(64, generator=rng)
+    args = (x, *ops.weight_args(qw), bias, "reference", torch.float32)
+    torch.library.opcheck(torch.ops.humming_triton.quant_linear.default, args)
+    torch.testing.assert_close(ops.quant_linear_op(*args), ht.quant_linear(x, qw, bias, backend="reference"),
+                               rtol=0, atol=0)
+
+
+def test_quant_linear_op_out_dtype(rng):
+    qw = _qw(rng, (64, 128), "w8a16")
+    x = torch.randn(5, 128, generator=rng)
+    y = ops.quant_linear_op(x, *ops.weight_args(qw), None, "reference", torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and y.shape == (5, 64)
+
+
+def test_grouped_linear_op(rng):
+    qw = _qw(rng, (3, 64, 128), "mxfp4", bias=True)
+    x = torch.randn(7, 128, generator=rng)
+    offsets = torch.tensor([0, 2, 2, 7])
+    args = (x, *ops.weight_args(qw), offsets, None, "reference", None)
+    torch.library.opcheck(torch.ops.humming_triton.grouped_linear.default, args)
+    torch.testing.assert_close(ops.grouped_linear_op(*args), ht.grouped_linear(x, qw, offsets, backend="reference"),
+                               rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("activation,preset", [("silu", "w4a16"), ("swiglu_oai", "nvfp4")])
+def test_fused_moe_op(activation, preset, rng):
+    e, h, i, t, k = 4, 128, 128, 6, 2
+    w13 = _qw(rng, (e, 2 * i, h), preset, bias=activation == "swiglu_oai")
+    w2 = _qw(rng, (e, h, i), preset, bias=activation == "swiglu_oai")
+    hidden = torch.randn(t, h, generator=rng)
+    ids = torch.stack([torch.randperm(e, generator=rng)[:k] for _ in range(t)])
+    wts = torch.rand(t, k, generator=rng)
+    args = (hidden, *ops.weight_args(w13), *ops.weight_args(w2), wts, ids, activation, "reference")
+    torch.library.opcheck(torch.ops.humming_triton.fused_moe.default, args)
+    want = ht.fused_moe(hidden, w13, w2, wts, ids, activation, backend="reference")
+    torch.testing.assert_close(ops.fused_moe_op(*args), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("spec", ["e4m3fn/fp32:token", "e4m3fn/fp32:g128", "e2m1/e4m3fn:g16+global",
+                                  "e2m1/e8m0:g32", "int8/fp32:tensor", "e4m3fn/fp32:tensor:static"])
+def test_quantize_activation_op(spec, rng):
+    x = torch.randn(3, 4, 256, generator=rng)
+    static = spec.endswith(":static")
+    input_scale = torch.tensor(0.02) if static else None
+    torch.library.opcheck(torch.ops.humming_triton.quantize_activation.default, (x, spec, input_scale))
+    got = ops.quantize_activation(x, spec, input_scale)
+    want = ht.quantize_activation(x, ht.ActQuant.parse(spec), input_scale)
+    assert torch.equal(got.codes, want.codes) and torch.equal(got.scales, want.scales.contiguous())
+    assert (got.global_scale is None) == (want.global_scale is None)
+    if want.global_scale is not None:
+        assert torch.equal(got.global_scale, want.global_scale)
+    torch.testing.assert_close(ht.dequantize_activation(got), ht.dequantize_activation(want), rtol=0, atol=0)
+
+
+def test_weight_cache_reused_and_invalidated(rng):
+    """The QuantWeight rebuilt inside the op is reused (backends keep state in qw.cache) until a tensor changes."""
+    qw = _qw(rng, (32, 128), "w4a16")
+    args = ops.weight_args(qw)
+    first = ops.quant_weight_from_args(*args)
+    assert ops.quant_weight_from_args(*args) is first
+    x = torch.randn(2, 128, generator=rng)
+    y0 = ops.quant_linear_op(x, *args, None, "reference", None)
+    other = _qw(rng, (32, 128), "w4a16")
+    qw.data.copy_(other.data)  # in place, as load_state_dict does
+    qw.scales.copy_(other.scales)
+    assert ops.quant_weight_from_args(*args) is not first
+    y1 = ops.quant_linear_op(x, *args, None, "reference", None)
+    torch.testing.assert_close(y1, ht.quant_linear(x, other, backend="reference"), rtol=0, atol=0)
+    assert not torch.equal(y0, y1)
+
+
+def test_fake_impl_checks_k(rng):
+    qw = _qw(rng, (32, 128), "w4a16")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        x = torch.empty(4, 64)
+        fake_args = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in ops.weight_args(qw)]
+        with pytest.raises(ValueError, match="K=128"):
+            torch.ops.humming_triton.quant_linear(x, *fake_args, None, "reference", None)
+
+
+def test_compile_quant_linear_fullgraph(rng):
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(128, 64)
+    mod = QuantLinear.from_linear(lin, "w4a16", backend="reference")
+    compiled = torch.compile(mod, fullgraph=True, dynamic=False)
+    x = torch.randn(3, 128, generator=rng)
+    torch.testing.assert_close(compiled(x), mod(x), rtol=0, atol=0)
