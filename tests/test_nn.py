@@ -236,3 +236,17 @@ def test_compile_tiny_model_fullgraph(rng):
     compiled = torch.compile(block, fullgraph=True, dynamic=False)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), block(x), rtol=1e-5, atol=1e-5)
+
+
+def test_quant_linear_carries_act_order_permutation(rng):
+    """GPTQ act-order weights (QuantWeight.k_perm) keep their permutation through the module and the op."""
+    n, k = 64, 256
+    perm = torch.randperm(k, generator=rng)
+    stored = ht.quantize_weight(torch.randn(n, k, generator=rng), "w4a16")
+    qw = ht.QuantWeight(stored.data, stored.scales, stored.scheme, stored.shape, k_perm=perm)
+    mod = QuantLinear.from_quant_weight(qw, backend="reference")
+    assert "weight_k_perm" in mod.state_dict()
+    x = torch.randn(3, k, generator=rng)
+    want = x @ ht.dequantize_weight(qw).T
+    assert not torch.allclose(want, x @ ht.dequantize_weight(stored).T)  # the permutation matters
+    torch.testing.assert_close(mod(x), want, rtol=1e-5, atol=1e-5)
