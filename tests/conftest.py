@@ -31,3 +31,12 @@ def rng():
     seed = int.from_bytes(os.urandom(4), "little")
     print(f"random seed: {seed}")
     return torch.Generator().manual_seed(seed)
+
+
+def pytest_runtest_logreport(report):
+    """With HT_FAILLOG=<file>, append each failure as it happens (GPU runs may be cut off by a time limit
+    before pytest prints its summary)."""
+    path = os.environ.get("HT_FAILLOG")
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"FAILED {report.nodeid} ({report.when})\n{str(report.longrepr)[-1500:]}\n\n")

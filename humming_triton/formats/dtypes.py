@@ -38,7 +38,7 @@ class ElementType:
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """Codes (any integer dtype) -> float32 values (exact)."""
-        return self.value_table().to(codes.device)[codes.long()]
+        return _on_device(self, "table", codes.device)[codes.long()]
 
     def value_table(self) -> torch.Tensor:
         """float32 tensor of length 2**bits: the value of every code (NaN/Inf where the convention says)."""
@@ -257,9 +257,16 @@ def _sorted_finite(t: ElementType) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(uniq_v, dtype=torch.float64), torch.tensor(uniq_c, dtype=torch.int32)
 
 
+@functools.lru_cache(maxsize=None)
+def _on_device(t: ElementType, what: str, device: torch.device) -> torch.Tensor:
+    """Lookup tables copied to a device once (a copy per call would also break CUDA-graph capture)."""
+    src = {"table": lambda: _value_table(t), "vals": lambda: _sorted_finite(t)[0],
+           "codes": lambda: _sorted_finite(t)[1]}[what]()
+    return src.to(device)
+
+
 def _encode_nearest(t: ElementType, values: torch.Tensor) -> torch.Tensor:
-    vals, cds = _sorted_finite(t)
-    vals, cds = vals.to(values.device), cds.to(values.device)
+    vals, cds = _on_device(t, "vals", values.device), _on_device(t, "codes", values.device)
     x = values.double().clamp(float(vals[0]), float(vals[-1]))
     hi = torch.searchsorted(vals, x).clamp(1, len(vals) - 1)  # vals[hi-1] < x <= vals[hi]
     lo = hi - 1

@@ -1,13 +1,13 @@
 """Decode-regime kernel (small M): stream each weight byte once, reduce on CUDA cores in fp32.
 
-At M <= ~8 a GEMM is pure weight streaming, tensor cores buy nothing, so each program dequantizes a
+At M <= ~8 a GEMM is pure weight streaming, tensor cores buy nothing, so each program decodes a
 [BLOCK_N, BLOCK_K] tile in registers and reduces ``x[m, k] * w[n, k]`` over k with FMAs.  When N alone gives
 too few programs to fill the GPU, SPLIT_K programs share a row range and add fp32 partials atomically.
 """
 import triton
 import triton.language as tl
 
-from .decode import dequant_tile
+from .decode import decode_scales, dequant_tile, load_group_params
 
 
 @triton.jit
@@ -32,14 +32,21 @@ def dense_gemv_kernel(
     k_end = tl.minimum(k_begin + k_span, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
+        # when one scale group spans the tile, the scale multiplies the partial sum (once per row), not every
+        # element; smaller groups are scaled per element (a per-group reduction costs more shuffles than that)
         w = dequant_tile(w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, offs_n, k0,
-                         N, K, BLOCK_N, BLOCK_K, EVEN_K, True, BITS, GROUP_K, GROUP_N, ZERO_KIND, W_IS_FLOAT,
-                         W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP,
-                         S_MAN, S_BIAS, S_SPECIAL)
+                         N, K, BLOCK_N, BLOCK_K, EVEN_K, GROUP_K < BLOCK_K, BITS, GROUP_K, GROUP_N, ZERO_KIND,
+                         W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED,
+                         S_EXP, S_MAN, S_BIAS, S_SPECIAL)
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                     mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0).to(tl.float32)
-        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+        part = tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+        if GROUP_K >= BLOCK_K:
+            s = load_group_params(s_ptr, stride_sn, stride_sk, offs_n, k0, N, K, BLOCK_K, GROUP_K, GROUP_N)
+            s = decode_scales(s, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
+            part = part * tl.reshape(s, (1, BLOCK_N))
+        acc += part
     if HAS_GLOBAL:
         acc = acc * tl.load(g_ptr)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)

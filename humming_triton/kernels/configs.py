@@ -1,8 +1,8 @@
 """Launch configurations: how fast it runs, never what it computes (a tile size cannot change a result
 beyond fp32 summation order).
 
-Lookup order: ``autotune_configs/<device-slug>.json`` written by the tuning sweep (exact (M bucket, N, K,
-weight bits) match), then the built-in heuristics below.  Nothing here tunes at run time.
+Lookup order: ``autotune_configs/<device-slug>.json`` written by the tuning sweep (``python -m
+humming_triton.tune``; exact (M bucket, N, K, scheme) match), then the built-in heuristics below.  Nothing here tunes at run time.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ NUM_SMS_DEFAULT = 132
 
 @dataclass(frozen=True)
 class DenseConfig:
-    family: str  # "gemv" | "tiled"
+    family: str  # "gemv" | "tiled" | "dequant_mm"
     block_m: int
     block_n: int
     block_k: int
@@ -56,31 +56,44 @@ def _tuned(device_slug: str) -> dict:
     return json.loads(path.read_text()).get("dense", {})
 
 
+DEQUANT_MM_MIN_M = 512  # measured on H200: from here dequantize-once + cuBLAS beats in-tile dequantization
+
+
 def heuristic(m: int, n: int, k: int, bits: int, num_sms: int = NUM_SMS_DEFAULT) -> DenseConfig:
     if m <= GEMV_MAX_M:
         bm = m_bucket(m)
-        bn = 16 if bm <= 2 else 8
-        bk = 512 if bm == 1 else max(64, 2048 // (bm * bn))
+        bn = 8
+        bk = 1024 if bm == 1 else max(64, 4096 // (bm * bn))
         bk = min(bk, max(32, _pow2_floor(k)))
         programs = -(-n // bn) * -(-m // bm)
         k_tiles = -(-k // bk)
         split = 1
-        while programs * split < 2 * num_sms and split * 2 <= max(1, k_tiles // 4):
+        while programs * split < 4 * num_sms and split * 2 <= max(1, k_tiles // 2):
             split *= 2
         return DenseConfig("gemv", bm, bn, bk, split, num_warps=4, num_stages=1)
+    if m >= DEQUANT_MM_MIN_M:
+        return DenseConfig("dequant_mm", 1, 32, 128)
     bm = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
     bn = 64 if m <= 64 else 128
     bk = 128 if m <= 64 else 64
     warps = 4 if bm <= 64 else 8
-    return DenseConfig("tiled", bm, bn, bk, 1, 8, warps, 3 if bm <= 64 else 4)
+    programs = -(-m // bm) * -(-n // bn)
+    split = 1
+    while programs * split < num_sms and split * 2 <= max(1, -(-k // bk) // 4):
+        split *= 2  # mid M: too few output tiles to stream the weight at full bandwidth
+    return DenseConfig("tiled", bm, bn, bk, split, 8, warps, 3 if bm <= 64 else 4)
+
+
+def tuned_key(m: int, n: int, k: int, scheme_name: str) -> str:
+    return f"{m_bucket(m)}|{n}|{k}|{scheme_name}"
 
 
 def choose(m: int, n: int, k: int, bits: int, group_k: int, device_slug: str | None = None,
-           num_sms: int = NUM_SMS_DEFAULT) -> DenseConfig:
+           num_sms: int = NUM_SMS_DEFAULT, scheme_name: str = "") -> DenseConfig:
     cfg = None
     if device_slug:
-        entry = _tuned(device_slug).get(f"{m_bucket(m)}|{n}|{k}|{bits}")
+        entry = _tuned(device_slug).get(tuned_key(m, n, k, scheme_name))
         if entry:
-            cfg = DenseConfig(**entry)
+            cfg = DenseConfig(**{f: v for f, v in entry.items() if f in DenseConfig.__dataclass_fields__})
     cfg = cfg or heuristic(m, n, k, bits, num_sms)
     return replace(cfg, block_k=fit_block_k(cfg.block_k, group_k, k, bits))

@@ -44,33 +44,38 @@ def format_constexprs(scheme: QuantScheme, n: int, k: int) -> dict:
 
 @triton.jit
 def decode_int(c, BITS: tl.constexpr, SIGNED: tl.constexpr):
+    """Integer code -> float32 without an I2F (a quarter-rate instruction that bottlenecked decode): OR the
+    code into the mantissa of 2**23 and subtract 2**23.  Signed codes are flipped to offset binary first."""
     if SIGNED:
-        # sign-extend the low BITS bits: shift up to the int32 sign bit, arithmetic shift back down
-        return ((c << (32 - BITS)) >> (32 - BITS)).to(tl.float32)
-    return c.to(tl.float32)
+        u = c ^ (1 << (BITS - 1))
+        return (u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + (1 << (BITS - 1)))
+    return (c | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
 
 
 @triton.jit
 def decode_float(c, EXP: tl.constexpr, MAN: tl.constexpr, BIAS: tl.constexpr, SIGNED: tl.constexpr,
                  SPECIAL: tl.constexpr):
-    """ExMy code -> float32, exact: rebuild the fp32 bit pattern (normal) or scale the mantissa (subnormal)."""
-    e = (c >> MAN) & ((1 << EXP) - 1)
-    m = c & ((1 << MAN) - 1)
+    """ExMy code -> float32, exact.  The magnitude bits shifted into fp32's exponent/mantissa fields read as
+    2**(e-127) * 1.m (or the fp32 subnormal 2**-126 * 0.m when e == 0); one multiply by 2**(127 - BIAS)
+    rebases the exponent, subnormals included (fp32 multiplies keep subnormals: no flush-to-zero)."""
     if SPECIAL == 3:  # e8m0: 2**(e - 127), no zero; e == 0 is the fp32 subnormal 2**-127
-        normal = (e << 23).to(tl.float32, bitcast=True)
-        mag = tl.where(e == 0, 5.877471754111438e-39, normal)
-        mag = tl.where(e == 255, float("nan"), mag)
-    else:
-        normal = (((e - BIAS + 127) << 23) | (m << (23 - MAN))).to(tl.float32, bitcast=True)
-        sub = m.to(tl.float32) * (2.0 ** (1 - BIAS - MAN))
-        mag = tl.where(e == 0, sub, normal)
-        if SPECIAL == 1:
-            mag = tl.where((e == (1 << EXP) - 1) & (m == (1 << MAN) - 1), float("nan"), mag)
-        if SPECIAL == 2:
-            mag = tl.where(e == (1 << EXP) - 1, tl.where(m == 0, float("inf"), float("nan")), mag)
+        e = c & 255
+        mag = (e << 23).to(tl.float32, bitcast=True)
+        mag = tl.where(e == 0, 5.877471754111438e-39, mag)
+        return tl.where(e == 255, float("nan"), mag)
+    bits = (c & ((1 << (EXP + MAN)) - 1)) << (23 - MAN)
     if SIGNED:
-        mag = tl.where(((c >> (EXP + MAN)) & 1) == 1, -mag, mag)
-    return mag
+        bits = bits | (((c >> (EXP + MAN)) & 1) << 31)
+    v = bits.to(tl.float32, bitcast=True) * (2.0 ** (127 - BIAS))
+    if SPECIAL == 1:  # fn: only the all-ones magnitude is NaN
+        v = tl.where((c & ((1 << (EXP + MAN)) - 1)) == (1 << (EXP + MAN)) - 1, float("nan"), v)
+    if SPECIAL == 2:  # ieee: the top exponent holds Inf (m == 0) and NaN
+        e = (c >> MAN) & ((1 << EXP) - 1)
+        m = c & ((1 << MAN) - 1)
+        v = tl.where(e == (1 << EXP) - 1, tl.where(m == 0, float("inf"), float("nan")), v)
+        if SIGNED:
+            v = tl.where((e == (1 << EXP) - 1) & (m == 0) & (((c >> (EXP + MAN)) & 1) == 1), float("-inf"), v)
+    return v
 
 
 @triton.jit
@@ -133,7 +138,7 @@ def dequant_tile(w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn
         v = decode(c, BITS, W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL)
     else:
         z = load_group_params(z_ptr, stride_zn, stride_zk, offs_n, k0, N, K, BLOCK_K, GROUP_K, GROUP_N)
-        v = c.to(tl.float32) - broadcast_groups(z.to(tl.float32), BLOCK_N, BLOCK_K, GROUP_K)
+        v = decode_int(c, BITS, False) - broadcast_groups(z.to(tl.float32), BLOCK_N, BLOCK_K, GROUP_K)
     if APPLY_SCALE:
         s = load_group_params(s_ptr, stride_sn, stride_sk, offs_n, k0, N, K, BLOCK_K, GROUP_K, GROUP_N)
         s = decode_scales(s, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
