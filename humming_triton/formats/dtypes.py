@@ -276,4 +276,7 @@ def _encode_nearest(t: ElementType, values: torch.Tensor) -> torch.Tensor:
     # ties: the code whose mantissa LSB is 0 (round-half-to-even in the value grid)
     take_hi = take_hi | (tie & ((cds[hi] & 1) == 0) & ((cds[lo] & 1) == 1))
     idx = torch.where(take_hi, hi, lo)
-    return cds[idx]
+    out = cds[idx]
+    if isinstance(t, FloatType) and t.signed:  # negative values that round to zero keep their sign (-0)
+        out = torch.where((vals[idx] == 0) & (x < 0), torch.full_like(out, 1 << (t.bits - 1)), out)
+    return out
