@@ -28,8 +28,6 @@ def candidates(m: int) -> list[DenseConfig]:
         out = [C("gemv", bm, bn, bk, sk, num_warps=w, num_stages=1) for bn, bk, sk, w in
                [(8, 1024, 1, 4), (8, 512, 1, 4), (16, 512, 1, 4), (8, 1024, 2, 4), (8, 2048, 1, 8),
                 (16, 1024, 1, 8), (4, 1024, 1, 4), (8, 256, 4, 4), (32, 128, 1, 4)] if bm * bn * bk <= 32768]
-        out += [C("gemv_bits", bm, bn, bk, sk, num_warps=w, num_stages=1) for bn, bk, sk, w in
-                [(4, 1024, 1, 4), (8, 1024, 1, 4)] if bm * bn * bk <= 32768]
         out += [C("tiled", 16, 64, 128, 2, 8, 4, 4)]
         return out
     if m <= 16:

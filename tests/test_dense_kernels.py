@@ -22,7 +22,6 @@ FORMATS = [
 FAMILIES = {
     # K tile below the group size (scale per tile), and above it (several groups per tile)
     "gemv": lambda m: configs.DenseConfig("gemv", configs.m_bucket(min(m, 8)), 16, 256, 1, num_stages=1),
-    "gemv_bits": lambda m: configs.DenseConfig("gemv_bits", configs.m_bucket(min(m, 8)), 16, 128, 1, num_stages=1),
     "gemv_splitk": lambda m: configs.DenseConfig("gemv", configs.m_bucket(min(m, 8)), 16, 64, 3, num_stages=1),
     "tiled": lambda m: configs.DenseConfig("tiled", 16, 32, 64, 1, 2),
     "tiled_wide_k": lambda m: configs.DenseConfig("tiled", 32, 16, 256, 1, 2),

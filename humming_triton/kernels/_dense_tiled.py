@@ -36,14 +36,11 @@ def dense_tiled_kernel(
     pid_n = (pid % band) // rows
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    # tile indices, not k offsets: k0 = t * BLOCK_K is then a visible multiple of BLOCK_K, which lets Triton
-    # prove the alignment it needs for vector loads and async copies
-    tiles = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
-    t_begin = tl.program_id(1) * tiles
-    t_end = tl.minimum(t_begin + tiles, tl.cdiv(K, BLOCK_K))
+    k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_begin = tl.program_id(1) * k_span
+    k_end = tl.minimum(k_begin + k_span, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for t in range(t_begin, t_end):
-        k0 = t * BLOCK_K
+    for k0 in range(k_begin, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if EVEN_K:
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=offs_m[:, None] < M, other=0.0)

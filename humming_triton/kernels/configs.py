@@ -20,7 +20,7 @@ NUM_SMS_DEFAULT = 132
 
 @dataclass(frozen=True)
 class DenseConfig:
-    family: str  # "gemv" | "gemv_bits" | "tiled" | "dequant_mm"
+    family: str  # "gemv" | "tiled" | "dequant_mm"
     block_m: int
     block_n: int
     block_k: int

@@ -87,12 +87,9 @@ def decode(c, BITS: tl.constexpr, IS_FLOAT: tl.constexpr, SIGNED: tl.constexpr, 
 
 
 @triton.jit
-def load_words(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def load_codes(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                BITS: tl.constexpr, EVEN_K: tl.constexpr):
-    """The raw int32 words behind codes [BLOCK_N, BLOCK_K] at column k0 (split from unpack_words so that a
-    kernel can issue the next tile's loads before it decodes this one).  Returns (lo, hi): for 1/2/4/8 bits
-    lo = [BLOCK_N, BLOCK_K * BITS / 32] whole words and hi is unused; otherwise the two words each code may
-    straddle, gathered per code."""
+    """int32 codes [BLOCK_N, BLOCK_K] of weight rows offs_n, columns k0 .. k0 + BLOCK_K (0 outside)."""
     mask_n = offs_n < N
     if 32 % BITS == 0:
         EPW: tl.constexpr = 32 // BITS  # codes per word; BLOCK_K is a multiple of it, k0 word aligned
@@ -100,65 +97,30 @@ def load_words(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N: tl.constexpr, BLOCK_
         offs_w = k0 // EPW + tl.arange(0, WORDS)
         ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_w[None, :]
         if EVEN_K:
-            words = tl.load(ptrs, mask=mask_n[:, None] & (k0 < K), other=0)
+            words = tl.load(ptrs, mask=mask_n[:, None], other=0)
         else:
             words = tl.load(ptrs, mask=mask_n[:, None] & (offs_w[None, :] < (K + EPW - 1) // EPW), other=0)
-        return words, words
-    else:
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        bit = offs_k * BITS
-        word = bit // 32
-        mask = mask_n[:, None] & (offs_k[None, :] < K)
-        row = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-        spill = ((bit % 32) + BITS) > 32
-        lo = tl.load(row + word[None, :], mask=mask, other=0)
-        hi = tl.load(row + word[None, :] + 1, mask=mask & spill[None, :], other=0)
-        return lo, hi
-
-
-@triton.jit
-def unpack_words(lo, hi, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr,
-                 EVEN_K: tl.constexpr):
-    """int32 codes [BLOCK_N, BLOCK_K] from load_words' result (0 outside K)."""
-    if 32 % BITS == 0:
-        EPW: tl.constexpr = 32 // BITS
         shifts = tl.arange(0, EPW) * BITS
-        codes = (lo[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)
+        codes = (words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)
         codes = tl.reshape(codes, (BLOCK_N, BLOCK_K))
         if not EVEN_K:
             codes = tl.where((k0 + tl.arange(0, BLOCK_K))[None, :] < K, codes, 0)
         return codes
     else:
-        shift = (((k0 + tl.arange(0, BLOCK_K)) * BITS) % 32).to(tl.uint32)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        bit = offs_k * BITS
+        word = bit // 32
+        shift = (bit % 32).to(tl.uint32)
+        mask = mask_n[:, None] & (offs_k[None, :] < K)
+        row = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
         spill = (shift + BITS) > 32
+        lo = tl.load(row + word[None, :], mask=mask, other=0).to(tl.uint32, bitcast=True)
+        hi = tl.load(row + word[None, :] + 1, mask=mask & spill[None, :], other=0).to(tl.uint32, bitcast=True)
         # logical shifts on uint32; the high part only where the code spills into the next word
         up = tl.where(spill, 32 - shift, 0).to(tl.uint32)
-        hi_part = tl.where(spill[None, :], hi.to(tl.uint32, bitcast=True) << up[None, :], 0)
-        codes = ((lo.to(tl.uint32, bitcast=True) >> shift[None, :]) | hi_part) & ((1 << BITS) - 1)
+        hi = tl.where(spill[None, :], hi << up[None, :], 0)
+        codes = ((lo >> shift[None, :]) | hi) & ((1 << BITS) - 1)
         return codes.to(tl.int32)
-
-
-@triton.jit
-def load_codes(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               BITS: tl.constexpr, EVEN_K: tl.constexpr):
-    """int32 codes [BLOCK_N, BLOCK_K] of weight rows offs_n, columns k0 .. k0 + BLOCK_K (0 outside)."""
-    lo, hi = load_words(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N, BLOCK_K, BITS, EVEN_K)
-    return unpack_words(lo, hi, k0, K, BLOCK_N, BLOCK_K, BITS, EVEN_K)
-
-
-@triton.jit
-def decode_codes(c, z, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, APPLY_SCALE: tl.constexpr,
-                 BITS: tl.constexpr, GROUP_K: tl.constexpr, ZERO_KIND: tl.constexpr,
-                 W_IS_FLOAT: tl.constexpr, W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr,
-                 W_BIAS: tl.constexpr, W_SPECIAL: tl.constexpr):
-    """Codes + already-loaded zeros z and decoded scales s (from load_group_params) -> float32 weights."""
-    if ZERO_KIND == 0:
-        v = decode(c, BITS, W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL)
-    else:
-        v = decode_int(c, BITS, False) - broadcast_groups(z.to(tl.float32), BLOCK_N, BLOCK_K, GROUP_K)
-    if APPLY_SCALE:
-        v = v * broadcast_groups(s, BLOCK_N, BLOCK_K, GROUP_K)
-    return v
 
 
 @triton.jit

@@ -1,8 +1,7 @@
 """Dense weight-only GEMM (WnA16) on Triton: picks the kernel family by M and launches it.
 
 Families (configs.py chooses; ``autotune_configs/<device>.json`` overrides):
-``gemv``  small M, CUDA-core FMA reduction streaming the weight once (``_dense_gemv.py``; 1/2/4/8-bit codes
-          take the word-wise kernel, others -- or ``gemv_bits`` -- the generic bit-stream one);
+``gemv``  small M, CUDA-core FMA reduction streaming the weight once (``_dense_gemv.py``);
 ``tiled`` tensor-core ``tl.dot`` with in-register dequantization, optional split-K (``_dense_tiled.py``);
 ``dequant_mm`` large M: dequantize to a dense tensor once per call (``_dequant.py``), then cuBLAS.
 
@@ -19,7 +18,7 @@ import triton
 from ..dispatch import interpreting
 from ..formats.weight import QuantWeight
 from . import configs
-from ._dense_gemv import dense_gemv_kernel, dense_gemv_words_kernel
+from ._dense_gemv import dense_gemv_kernel
 from ._dense_tiled import dense_tiled_kernel
 from ._dequant import dequant_kernel
 from .decode import format_constexprs
@@ -110,12 +109,9 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
                   HAS_BIAS=bias is not None and split == 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                   **strides, **fmt)
     b = bias if bias is not None else y
-    if cfg.family in ("gemv", "gemv_bits"):
+    if cfg.family == "gemv":
         grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))
-        bits = qw.scheme.bits
-        words_layout = cfg.family == "gemv" and 32 % bits == 0 and fmt["GROUP_K"] >= 32 // bits \
-            and cfg.block_k >= 32 // bits
-        (dense_gemv_words_kernel if words_layout else dense_gemv_kernel)[grid](x2, w, s, z, g, b, y, **common)
+        dense_gemv_kernel[grid](x2, w, s, z, g, b, y, **common)
     else:
         post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
         grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
