@@ -53,6 +53,9 @@ def _parse(argv):
 
 
 def _git_commit() -> str:
+    """HEAD of the checkout; a copy without .git (e.g. a device run) can pass it in HT_GIT_COMMIT."""
+    if os.environ.get("HT_GIT_COMMIT"):
+        return os.environ["HT_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                              timeout=10)

@@ -7,7 +7,7 @@ too few programs to fill the GPU, SPLIT_K programs share a row range and add fp3
 import triton
 import triton.language as tl
 
-from .decode import decode_scales, dequant_tile, load_group_params
+from .decode import decode_scales, dequant_tile, load_group_params, store_output
 
 
 @triton.jit
@@ -47,13 +47,4 @@ def dense_gemv_kernel(
             s = decode_scales(s, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
             part = part * tl.reshape(s, (1, BLOCK_N))
         acc += part
-    if HAS_GLOBAL:
-        acc = acc * tl.load(g_ptr)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.atomic_add(y_ptrs, acc, mask=mask)  # fp32 workspace; bias and cast after the last split
+    store_output(acc, y_ptr, b_ptr, g_ptr, offs_m, offs_n, M, N, stride_ym, SPLIT_K, HAS_BIAS, HAS_GLOBAL)

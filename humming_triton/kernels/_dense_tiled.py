@@ -10,7 +10,7 @@ at mid M, SPLIT_K programs share an output tile (fp32 atomics) so that enough pr
 import triton
 import triton.language as tl
 
-from .decode import decode_scales, dequant_tile, load_group_params
+from .decode import decode_scales, dequant_tile, load_group_params, store_output
 
 
 @triton.jit
@@ -62,13 +62,4 @@ def dense_tiled_kernel(
             acc += part * tl.reshape(s, (1, BLOCK_N))
         else:
             acc += part
-    if HAS_GLOBAL:
-        acc = acc * tl.load(g_ptr)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.atomic_add(y_ptrs, acc, mask=mask)  # fp32 workspace; bias and cast after the last split
+    store_output(acc, y_ptr, b_ptr, g_ptr, offs_m, offs_n, M, N, stride_ym, SPLIT_K, HAS_BIAS, HAS_GLOBAL)

@@ -179,3 +179,20 @@ def decode_scales(s, SCALE_IS_CODE: tl.constexpr, S_IS_FLOAT: tl.constexpr, S_SI
     if SCALE_IS_CODE:
         return decode_float(s.to(tl.int32), S_EXP, S_MAN, S_BIAS, S_SIGNED, S_SPECIAL)
     return s.to(tl.float32)
+
+
+@triton.jit
+def store_output(acc, y_ptr, b_ptr, g_ptr, offs_m, offs_n, M, N, stride_ym, SPLIT_K: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_GLOBAL: tl.constexpr):
+    """Shared epilogue: global scale, then bias + cast + store, or (split-K) an fp32 atomic add into a
+    workspace whose bias and cast the launcher applies after the last split."""
+    if HAS_GLOBAL:
+        acc = acc * tl.load(g_ptr)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(y_ptrs, acc, mask=mask)
