@@ -59,11 +59,12 @@ def _tuned(device_slug: str) -> dict:
 DEQUANT_MM_MIN_M = 512  # measured on H200: from here dequantize-once + cuBLAS beats in-tile dequantization
 
 
-def heuristic(m: int, n: int, k: int, bits: int, num_sms: int = NUM_SMS_DEFAULT) -> DenseConfig:
+def heuristic(m: int, n: int, k: int, bits: int, num_sms: int = NUM_SMS_DEFAULT, zero_point: bool = False
+              ) -> DenseConfig:
     if m <= GEMV_MAX_M:
         bm = m_bucket(m)
         bn = 8
-        bk = 1024 if bm == 1 else max(64, 4096 // (bm * bn))
+        bk = (1024 if 32 % bits == 0 else 512) if bm == 1 else max(64, 4096 // (bm * bn))
         bk = min(bk, max(32, _pow2_floor(k)))
         programs = -(-n // bn) * -(-m // bm)
         k_tiles = -(-k // bk)
@@ -75,13 +76,21 @@ def heuristic(m: int, n: int, k: int, bits: int, num_sms: int = NUM_SMS_DEFAULT)
         return DenseConfig("dequant_mm", 1, 32, 128)
     bm = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
     bn = 64 if m <= 64 else 128
-    bk = 128 if m <= 64 else 64
+    # zero points and < 4-bit codes cost registers in the decode: a narrower tile keeps them from spilling
+    light = bits >= 4 and not zero_point
+    bn = bn if light or m <= 64 else 64
+    bk = 128 if m <= 64 and light else 64
     warps = 4 if bm <= 64 else 8
+    stages = 3 if bm <= 64 else 4
+    if 32 % bits:
+        # 3/5/6/7-bit codes are gathered from two words each: smaller tiles, two stages (no register spills
+        # and under the 228 KB of shared memory; checked with humming_triton.kernels.inspect)
+        bm, bn, bk, warps, stages = (16, 32, 128, 4, 2) if m <= 16 else (64, 64, 64, 4, 2)
     programs = -(-m // bm) * -(-n // bn)
     split = 1
     while programs * split < num_sms and split * 2 <= max(1, -(-k // bk) // 4):
         split *= 2  # mid M: too few output tiles to stream the weight at full bandwidth
-    return DenseConfig("tiled", bm, bn, bk, split, 8, warps, 3 if bm <= 64 else 4)
+    return DenseConfig("tiled", bm, bn, bk, split, 8, warps, stages)
 
 
 def tuned_key(m: int, n: int, k: int, scheme_name: str) -> str:
@@ -89,11 +98,11 @@ def tuned_key(m: int, n: int, k: int, scheme_name: str) -> str:
 
 
 def choose(m: int, n: int, k: int, bits: int, group_k: int, device_slug: str | None = None,
-           num_sms: int = NUM_SMS_DEFAULT, scheme_name: str = "") -> DenseConfig:
+           num_sms: int = NUM_SMS_DEFAULT, scheme_name: str = "", zero_point: bool = False) -> DenseConfig:
     cfg = None
     if device_slug:
         entry = _tuned(device_slug).get(tuned_key(m, n, k, scheme_name))
         if entry:
             cfg = DenseConfig(**{f: v for f, v in entry.items() if f in DenseConfig.__dataclass_fields__})
-    cfg = cfg or heuristic(m, n, k, bits, num_sms)
+    cfg = cfg or heuristic(m, n, k, bits, num_sms, zero_point)
     return replace(cfg, block_k=fit_block_k(cfg.block_k, group_k, k, bits))

@@ -89,7 +89,8 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
         x2 = x2.contiguous()
     m = x2.shape[0]
     slug, sms = device_facts(x.device)
-    cfg = config or configs.choose(m, n, k, qw.scheme.bits, _format(qw)["GROUP_K"], slug, sms, qw.scheme.name)
+    cfg = config or configs.choose(m, n, k, qw.scheme.bits, _format(qw)["GROUP_K"], slug, sms, qw.scheme.name,
+                                   qw.scheme.zero != "none")
     bias = qw.bias if bias is None else bias
     if cfg.family == "dequant_mm":
         w = triton_dequantize(qw, x2.dtype, cfg.block_n, cfg.block_k)

@@ -1,0 +1,96 @@
+"""Compile a dense kernel for a GPU target without a GPU and report what the compiler made of it.
+
+``python -m humming_triton.kernels.inspect w4a16 --m 1,16,256`` prints, per config: registers, stack bytes
+(spills), shared memory, and SASS counts (16-byte loads, local-memory loads, wgmma/mma instructions).  This is
+how a config or a kernel change is vetted between GPU sessions; must run with TRITON_INTERPRET unset.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, replace
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ..formats.scheme import QuantScheme
+from . import configs
+from ._dense_gemv import dense_gemv_kernel
+from ._dense_tiled import dense_tiled_kernel
+from .decode import format_constexprs
+
+_SASS_COUNTS = {"ldg128": "LDG.E.128", "ldl": "LDL", "hgmma": "HGMMA", "hmma": "HMMA"}
+
+
+def _tool(name: str) -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def compile_report(scheme: str, m: int, n: int, k: int, cfg: configs.DenseConfig | None = None,
+                   act: str = "bf16", arch: int = 90) -> dict:
+    """Compile the kernel ``triton_linear`` would launch (gemv or tiled) with the runtime's divisibility
+    specialisation, and report resources and SASS instruction counts."""
+    s = QuantScheme.parse(scheme)
+    fmt = format_constexprs(s, n, k)
+    cfg = cfg or configs.choose(m, n, k, s.bits, fmt["GROUP_K"], zero_point=s.zero != "none")
+    if cfg.family == "dequant_mm":
+        raise ValueError("dequant_mm runs the dequantize kernel and cuBLAS; inspect a gemv or tiled config")
+    cfg = replace(cfg, block_k=configs.fit_block_k(cfg.block_k, fmt["GROUP_K"], k, s.bits))
+    if fmt["GROUP_K"] >= k:
+        fmt["GROUP_K"] = max(k, cfg.block_k)
+    sdt = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}.get(str(s.scale.dtype), "*u8")
+    ptrs = {"x_ptr": f"*{act}", "w_ptr": "*i32", "s_ptr": sdt, "z_ptr": sdt, "g_ptr": "*fp32", "b_ptr": f"*{act}",
+            "y_ptr": f"*{act}" if cfg.split_k == 1 else "*fp32"}
+    consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
+                  HAS_BIAS=False, SPLIT_K=cfg.split_k, **fmt)
+    if cfg.family == "gemv":
+        kern = dense_gemv_kernel
+    else:
+        kern = dense_tiled_kernel
+        post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
+        consts.update(GROUP_M=cfg.group_m, POST_SCALE=post, DOT_F32=False)
+    names = kern.arg_names
+    signature = {a: ("constexpr" if a in consts else ptrs.get(a, "i32")) for a in names}
+    ints = dict(M=m, N=n, K=k, stride_xm=k, stride_wn=(k * s.bits + 31) // 32, stride_ym=n)
+    # what the launcher sees at run time: 16-byte aligned pointers, integers divisible by 16 where they are
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
+             if a in ptrs or (a in ints and ints[a] % 16 == 0)}
+    src = ASTSource(fn=kern, signature=signature, constexprs={(names.index(a),): v for a, v in consts.items()},
+                    attrs=attrs)
+    ck = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                        options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(ck.asm["cubin"])
+        res = subprocess.run([_tool("cuobjdump"), "-res-usage", path], capture_output=True, text=True).stdout
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", path], capture_output=True, text=True).stdout
+    out = {"scheme": s.name, "M": m, "N": n, "K": k, **asdict(cfg),
+           "registers": int(re.search(r"REG:(\d+)", res).group(1)),
+           "stack_bytes": int(re.search(r"STACK:(\d+)", res).group(1)), "shared_bytes": ck.metadata.shared}
+    out.update({name: sass.count(op) for name, op in _SASS_COUNTS.items()})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("scheme")
+    ap.add_argument("--shape", default="8192x8192", help="NxK")
+    ap.add_argument("--m", default="1,16,64,256")
+    args = ap.parse_args(argv)
+    n, k = map(int, args.shape.split("x"))
+    for m in map(int, args.m.split(",")):
+        try:
+            print(compile_report(args.scheme, m, n, k))
+        except ValueError as e:
+            print(f"M={m}: {e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

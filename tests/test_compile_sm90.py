@@ -1,0 +1,39 @@
+"""The dense kernels compile for Hopper (sm_90) without a GPU, with the instructions we rely on: wgmma in the
+tiled family, no register spills in the default configs of the main formats.  Runs in a subprocess because
+the test session interprets Triton kernels (TRITON_INTERPRET=1)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+CASES = [("w4a16", 1), ("w4a16", 16), ("w4a16", 256), ("nvfp4", 1), ("mxfp4", 64), ("w8a16", 1), ("w3a16", 1),
+         ("w3a16", 16), ("w3a16", 256), ("w2a16", 64), ("w2a16", 256), ("w4a16-asym", 64), ("w4a16-asym", 256), ("w1a16", 256),
+         ("w8a16-fp8-block", 256), ("nvfp4", 256)]
+
+_SCRIPT = """
+import json, sys
+from humming_triton.kernels.inspect import compile_report
+print(json.dumps([compile_report(s, m, 4096, 4096) for s, m in json.loads(sys.argv[1])]))
+"""
+
+
+@pytest.fixture(scope="module")
+def reports():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(CASES)], capture_output=True, text=True,
+                         env=env, timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return {(r["scheme"], r["M"]): r for r in json.loads(out.stdout.strip().splitlines()[-1])}
+
+
+@pytest.mark.parametrize("scheme,m", CASES)
+def test_compiles_for_hopper_without_spills(reports, scheme, m):
+    r = reports[(scheme, m)]
+    assert r["stack_bytes"] == 0 and r["ldl"] == 0, f"register spills: {r}"
+    assert r["shared_bytes"] <= 227 * 1024, f"more shared memory than an H100/H200 block can have: {r}"
+    if r["family"] == "tiled" and r["block_m"] >= 64:
+        assert r["hgmma"] > 0, f"tiled kernel with BLOCK_M >= 64 should use wgmma: {r}"
+    if r["family"] == "tiled" and r["block_m"] < 64:
+        assert r["hmma"] > 0, r
