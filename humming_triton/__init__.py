@@ -9,6 +9,7 @@ from .formats import (PRESETS, ActQuant, FloatType, IntType, QuantActivation, Qu
 from .linear import fused_moe, grouped_linear, quant_linear
 from .reference import reference_fused_moe, reference_grouped_linear, reference_linear
 from .checkpoints import CheckpointFormatError, load_quantized, read_quantized_tensors
+from .checkpoints.export import ExportError, save_quantized
 from .nn import QuantLinear, QuantMoE, replace_linear
 
 __version__ = "0.1.0"
@@ -19,4 +20,5 @@ __all__ = [
     "reference_grouped_linear", "reference_fused_moe", "last_backend", "select_backend",
     "QuantLinear", "QuantMoE", "replace_linear",
     "load_quantized", "read_quantized_tensors", "CheckpointFormatError",
+    "save_quantized", "ExportError",
 ]

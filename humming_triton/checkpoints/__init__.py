@@ -7,6 +7,7 @@ directory and builds the Hugging Face model with our modules; ``fuse`` stacks pe
 from ._common import CheckpointFormatError
 from .awq import import_awq_layer
 from .compressed_tensors import import_fp4, import_pack_quantized, import_unpacked
+from .export import EXPORT_FORMATS, ExportError, save_quantized
 from .fp8_block import import_fp8_layer
 from .fuse import concat_n, fuse_experts, stack_experts
 from .gpt_oss import import_experts_proj
@@ -19,5 +20,5 @@ __all__ = [
     "CheckpointFormatError", "import_awq_layer", "import_fp4", "import_pack_quantized", "import_unpacked",
     "import_fp8_layer", "concat_n", "fuse_experts", "stack_experts", "import_experts_proj", "import_gptq_layer",
     "import_hqq_layer", "IMPORTERS", "PermutedInput", "load_quantized", "quantization_config",
-    "read_quantized_tensors", "import_nvfp4_layer",
+    "read_quantized_tensors", "import_nvfp4_layer", "save_quantized", "ExportError", "EXPORT_FORMATS",
 ]
