@@ -24,7 +24,8 @@ from ._dense_gemv import dense_gemv_kernel
 from ._dense_tiled import dense_tiled_kernel
 from .decode import format_constexprs
 
-_SASS_COUNTS = {"ldg128": "LDG.E.128", "ldl": "LDL", "hgmma": "HGMMA", "hmma": "HMMA"}
+_SASS_COUNTS = {"ldg128": "LDG.E.128", "ldg_u16": "LDG.E.U16", "ldl": "LDL", "hgmma": "HGMMA", "hmma": "HMMA",
+                "shfl": "SHFL", "bar": "BAR"}
 
 
 def _tool(name: str) -> str:
