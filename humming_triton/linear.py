@@ -24,7 +24,8 @@ def quant_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = N
     from .kernels.dense import triton_linear
     if qw.k_perm is not None:  # act-order weight: gather x's K once, run the stored layout (formats/weight.py)
         stored = qw.cache.get("stored_k_order") or qw.cache.setdefault(
-            "stored_k_order", dataclasses.replace(qw, k_perm=None))  # cached so kernel views are made once
+            "stored_k_order", dataclasses.replace(qw, k_perm=None, cache={}))  # cached: views made once;
+        # its own cache dict -- the stored-order weight must not see the logical weight's cached dequantization
         x, qw = x.index_select(-1, qw.k_perm), stored
     return triton_linear(x, qw, bias, out_dtype)
 
