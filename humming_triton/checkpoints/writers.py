@@ -192,7 +192,8 @@ def _ct_act(act: ActQuant | None, input_scale, prefix: str) -> tuple[dict | None
     return cfg, tensors
 
 
-def ct_layer(qw: QuantWeight, prefix: str, inexact: list[str]) -> tuple[dict[str, torch.Tensor], str, dict, dict | None]:
+def ct_layer(qw: QuantWeight, prefix: str,
+             inexact: list[str]) -> tuple[dict[str, torch.Tensor], str, dict, dict | None]:
     """-> (tensors, format, ``weights`` config, ``input_activations`` config).  Layers whose NVFP4 global
     scale has no exact float32 reciprocal are appended to ``inexact`` (they reload 1 ulp off)."""
     s, fmt = qw.scheme, "compressed-tensors"
