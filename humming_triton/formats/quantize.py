@@ -48,6 +48,22 @@ def positive_qmax(t) -> float:
     return float(t.qmax) if isinstance(t, IntType) else t.finite_max()
 
 
+def invertible_fp32(g: torch.Tensor) -> torch.Tensor:
+    """The nearest float32 at or above ``g`` (a few ulps at most) whose reciprocal round-trips exactly:
+    compressed-tensors stores NVFP4 global scales as ``1/g``, so such a ``g`` survives export -> import
+    bit for bit (about 13 % of float32 values have no exact reciprocal)."""
+    out = g.clone()
+    todo = torch.ones_like(g, dtype=torch.bool)
+    for d in range(8):
+        c = (g.view(torch.int32) + d).view(torch.float32)
+        ok = todo & ((1.0 / (1.0 / c)) == c)
+        out = torch.where(ok, c, out)
+        todo = todo & ~ok
+        if not bool(todo.any()):
+            break
+    return out
+
+
 def round_scale(s: torch.Tensor, d) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 ideal scales -> (stored scales in scale dtype ``d``, their exact float64 value)."""
     if isinstance(d, WideFloat):
@@ -101,7 +117,7 @@ def quantize_weight(w: torch.Tensor, scheme: "QuantScheme | str", *, bias: torch
         if scheme.scale.global_scale:
             tensor_amax = wd.abs().amax(dim=(-2, -1))
             gs = (tensor_amax / (qmax * scheme.scale.dtype.finite_max())).clamp(min=1e-30).float()
-            gscale = gs
+            gscale = gs = invertible_fp32(gs)
             ideal = ideal / gs.double()[..., None, None]
         ideal = torch.where(ideal > 0, ideal, torch.ones_like(ideal))
         scales, sval = round_scale(ideal, scheme.scale.dtype)
