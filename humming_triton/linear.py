@@ -32,8 +32,18 @@ def quant_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = N
 
 def grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tensor, bias: torch.Tensor | None = None,
                    backend: str = "auto", out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Rows of ``x [T, K]`` sorted by expert, ``offsets [E+1]``; ``qw [E, N, K]`` -> ``[T, N]``."""
-    select_backend("grouped_linear", x, qw, "reference" if backend == "auto" else backend)
+    """Rows of ``x [T, K]`` sorted by expert, ``offsets [E+1]``; ``qw [E, N, K]`` -> ``[T, N]``.
+
+    ``backend="auto"`` still means the reference here: the Triton grouped kernel is verified under the
+    interpreter only and is opt-in (``backend="triton"``) until it has passed the GPU tests."""
+    chosen = select_backend("grouped_linear", x, qw, "reference" if backend == "auto" else backend)
+    if chosen == "triton":
+        check_linear_inputs(x, qw, bias, experts=True)
+        if x.dim() != 2 or offsets.dim() != 1 or offsets.numel() != qw.num_experts + 1:
+            raise ValueError(f"grouped linear takes x [T, K] and offsets [E+1={qw.num_experts + 1}], got "
+                             f"{list(x.shape)} and {list(offsets.shape)}")
+        from .kernels.grouped import triton_grouped_linear
+        return triton_grouped_linear(x, qw, offsets, bias, out_dtype)
     return reference_grouped_linear(x, qw, offsets, bias, out_dtype)
 
 

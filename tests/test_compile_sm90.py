@@ -12,20 +12,26 @@ CASES = [("w4a16", 1), ("w4a16", 16), ("w4a16", 256), ("nvfp4", 1), ("mxfp4", 64
          ("w3a16", 16), ("w3a16", 256), ("w2a16", 64), ("w2a16", 256), ("w4a16-asym", 64), ("w4a16-asym", 256), ("w1a16", 256),
          ("w8a16-fp8-block", 256), ("nvfp4", 256)]
 
+GROUPED = [("w4a16", 16), ("nvfp4", 64), ("w3a16", 64), ("w4a16-asym", 64), ("w2a16", 64), ("mxfp4", 16)]
+
 _SCRIPT = """
 import json, sys
-from humming_triton.kernels.inspect import compile_report
-print(json.dumps([compile_report(s, m, 4096, 4096) for s, m in json.loads(sys.argv[1])]))
+from humming_triton.kernels.inspect import compile_report, grouped_report
+dense = [compile_report(s, m, 4096, 4096) for s, m in json.loads(sys.argv[1])]
+grouped = [grouped_report(s, 1536, 2048, 128, rows=8 if bm == 16 else 32768) for s, bm in json.loads(sys.argv[2])]
+print(json.dumps([dense, grouped]))
 """
 
 
 @pytest.fixture(scope="module")
 def reports():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(CASES)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(CASES), json.dumps(GROUPED)],
+                         capture_output=True, text=True,
                          env=env, timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 0, out.stderr[-3000:]
-    return {(r["scheme"], r["M"]): r for r in json.loads(out.stdout.strip().splitlines()[-1])}
+    dense, grouped = json.loads(out.stdout.strip().splitlines()[-1])
+    return {**{(r["scheme"], r["M"]): r for r in dense}, **{(r["scheme"], "grouped", r["block_m"]): r for r in grouped}}
 
 
 @pytest.mark.parametrize("scheme,m", CASES)
@@ -37,3 +43,11 @@ def test_compiles_for_hopper_without_spills(reports, scheme, m):
         assert r["hgmma"] > 0, f"tiled kernel with BLOCK_M >= 64 should use wgmma: {r}"
     if r["family"] == "tiled" and r["block_m"] < 64:
         assert r["hmma"] > 0, r
+
+
+@pytest.mark.parametrize("scheme,block_m", GROUPED)
+def test_grouped_kernel_compiles_for_hopper(reports, scheme, block_m):
+    r = reports[(scheme, "grouped", block_m)]
+    assert r["stack_bytes"] == 0 and r["ldl"] == 0, f"register spills: {r}"
+    assert r["shared_bytes"] <= 227 * 1024, r
+    assert (r["hgmma"] if block_m >= 64 else r["hmma"]) > 0, r

@@ -106,3 +106,12 @@ def choose(m: int, n: int, k: int, bits: int, group_k: int, device_slug: str | N
             cfg = DenseConfig(**{f: v for f, v in entry.items() if f in DenseConfig.__dataclass_fields__})
     cfg = cfg or heuristic(m, n, k, bits, num_sms, zero_point)
     return replace(cfg, block_k=fit_block_k(cfg.block_k, group_k, k, bits))
+
+
+def grouped_tiles(rows: int, experts: int, bits: int, zero_point: bool) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K) of the grouped MoE kernel: 16-row tiles when experts get few rows each
+    (decode), 64 otherwise; narrower N tiles where the decode needs more registers (zero points, codes
+    that straddle words) -- spill-free on sm_90 per humming_triton.kernels.inspect.grouped_report."""
+    bm = 16 if rows <= 16 * experts else 64
+    heavy = zero_point or 32 % bits != 0
+    return bm, 32 if heavy and bm == 64 else 64, 64

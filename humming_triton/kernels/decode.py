@@ -182,14 +182,14 @@ def decode_scales(s, SCALE_IS_CODE: tl.constexpr, S_IS_FLOAT: tl.constexpr, S_SI
 
 
 @triton.jit
-def store_output(acc, y_ptr, b_ptr, g_ptr, offs_m, offs_n, M, N, stride_ym, SPLIT_K: tl.constexpr,
+def store_output(acc, y_ptr, b_ptr, g_ptr, offs_m, offs_n, mask_m, N, stride_ym, SPLIT_K: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_GLOBAL: tl.constexpr):
     """Shared epilogue: global scale, then bias + cast + store, or (split-K) an fp32 atomic add into a
     workspace whose bias and cast the launcher applies after the last split."""
     if HAS_GLOBAL:
         acc = acc * tl.load(g_ptr)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    mask = mask_m[:, None] & (offs_n[None, :] < N)
+    y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]

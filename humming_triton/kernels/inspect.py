@@ -44,9 +44,7 @@ def compile_report(scheme: str, m: int, n: int, k: int, cfg: configs.DenseConfig
     cfg = replace(cfg, block_k=configs.fit_block_k(cfg.block_k, fmt["GROUP_K"], k, s.bits))
     if fmt["GROUP_K"] >= k:
         fmt["GROUP_K"] = max(k, cfg.block_k)
-    sdt = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}.get(str(s.scale.dtype), "*u8")
-    ptrs = {"x_ptr": f"*{act}", "w_ptr": "*i32", "s_ptr": sdt, "z_ptr": sdt, "g_ptr": "*fp32", "b_ptr": f"*{act}",
-            "y_ptr": f"*{act}" if cfg.split_k == 1 else "*fp32"}
+    ptrs = _pointer_types(s, act, cfg.split_k)
     consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
                   HAS_BIAS=False, SPLIT_K=cfg.split_k, **fmt)
     if cfg.family == "gemv":
@@ -55,24 +53,52 @@ def compile_report(scheme: str, m: int, n: int, k: int, cfg: configs.DenseConfig
         kern = dense_tiled_kernel
         post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
         consts.update(GROUP_M=cfg.group_m, POST_SCALE=post, DOT_F32=False)
+    out = _compile(kern, consts, ptrs, dict(M=m, N=n, K=k, stride_xm=k, stride_wn=(k * s.bits + 31) // 32,
+                                             stride_ym=n), cfg.num_warps, cfg.num_stages, arch)
+    return {"scheme": s.name, "M": m, "N": n, "K": k, **asdict(cfg), **out}
+
+
+def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: str = "bf16", arch: int = 90) -> dict:
+    """The same report for the grouped (MoE) kernel with the tiles its launcher picks for ``rows`` routed rows."""
+    from ._grouped_tiled import grouped_tiled_kernel
+    s = QuantScheme.parse(scheme)
+    block_m, block_n, block_k = configs.grouped_tiles(rows, experts, s.bits, s.zero != "none")
+    fmt = format_constexprs(s, n, k)
+    block_k = configs.fit_block_k(block_k, fmt["GROUP_K"], k, s.bits)
+    if fmt["GROUP_K"] >= k:
+        fmt["GROUP_K"] = max(k, block_k)
+    post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= block_k and fmt["GROUP_K"] % block_k == 0
+    consts = dict(E_POW2=triton.next_power_of_2(experts), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                  POST_SCALE=post, DOT_F32=False, EVEN_K=k % block_k == 0, HAS_BIAS=False, **fmt)
+    ptrs = {**_pointer_types(s, act, 1), "offsets_ptr": "*i64", "tile_cum_ptr": "*i32"}
+    out = _compile(grouped_tiled_kernel, consts, ptrs, dict(N=n, K=k, stride_xm=k), 4, 3, arch)
+    return {"scheme": s.name, "N": n, "K": k, "E": experts, "block_m": block_m, "block_n": block_n,
+            "block_k": block_k, **out}
+
+
+def _pointer_types(s: QuantScheme, act: str, split_k: int) -> dict:
+    sdt = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}.get(str(s.scale.dtype), "*u8")
+    return {"x_ptr": f"*{act}", "w_ptr": "*i32", "s_ptr": sdt, "z_ptr": sdt, "g_ptr": "*fp32", "b_ptr": f"*{act}",
+            "y_ptr": f"*{act}" if split_k == 1 else "*fp32"}
+
+
+def _compile(kern, consts: dict, ptrs: dict, ints: dict, num_warps: int, num_stages: int, arch: int) -> dict:
     names = kern.arg_names
     signature = {a: ("constexpr" if a in consts else ptrs.get(a, "i32")) for a in names}
-    ints = dict(M=m, N=n, K=k, stride_xm=k, stride_wn=(k * s.bits + 31) // 32, stride_ym=n)
     # what the launcher sees at run time: 16-byte aligned pointers, integers divisible by 16 where they are
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
              if a in ptrs or (a in ints and ints[a] % 16 == 0)}
     src = ASTSource(fn=kern, signature=signature, constexprs={(names.index(a),): v for a, v in consts.items()},
                     attrs=attrs)
     ck = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                        options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+                        options={"num_warps": num_warps, "num_stages": num_stages})
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
         with open(path, "wb") as f:
             f.write(ck.asm["cubin"])
         res = subprocess.run([_tool("cuobjdump"), "-res-usage", path], capture_output=True, text=True).stdout
         sass = subprocess.run([_tool("cuobjdump"), "-sass", path], capture_output=True, text=True).stdout
-    out = {"scheme": s.name, "M": m, "N": n, "K": k, **asdict(cfg),
-           "registers": int(re.search(r"REG:(\d+)", res).group(1)),
+    out = {"registers": int(re.search(r"REG:(\d+)", res).group(1)),
            "stack_bytes": int(re.search(r"STACK:(\d+)", res).group(1)), "shared_bytes": ck.metadata.shared}
     out.update({name: sass.count(op) for name, op in _SASS_COUNTS.items()})
     return out

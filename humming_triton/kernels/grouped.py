@@ -1,0 +1,55 @@
+"""Grouped (MoE) GEMM over a 3-D ``[E, N, K]`` QuantWeight on Triton: rows of x sorted by expert, offsets
+``[E+1]``.  Reads the canonical layout of every format, like the dense kernels (same decode helpers)."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..dispatch import interpreting
+from ..formats.weight import QuantWeight
+from . import configs
+from ._grouped_tiled import grouped_tiled_kernel
+from .dense import _format, _launch_format
+
+__all__ = ["triton_grouped_linear"]
+
+
+def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tensor, bias: torch.Tensor | None = None,
+                          out_dtype: torch.dtype | None = None, block_m: int | None = None,
+                          block_n: int | None = None, block_k: int | None = None, num_warps: int = 4,
+                          num_stages: int = 3,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
+    """``y[r] = x[r] @ dequant(qw[e]).T (+ bias[e])`` for rows ``offsets[e] <= r < offsets[e+1]``."""
+    if qw.k_perm is not None:
+        raise NotImplementedError("the Triton grouped GEMM does not take act-order (k_perm) experts yet")
+    t, k = x.shape
+    n, e = qw.N, qw.num_experts
+    out_dtype = out.dtype if out is not None else (out_dtype or x.dtype)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    y = out if out is not None else torch.empty(t, n, dtype=out_dtype, device=x.device)
+    if t == 0:
+        return y
+    # rows per expert on average decide the tile height (known on the host without a sync)
+    bm, bn, bk = configs.grouped_tiles(t, e, qw.scheme.bits, qw.scheme.zero != "none")
+    bm, block_n = block_m or bm, block_n or bn
+    bk = configs.fit_block_k(block_k or bk, _format(qw)["GROUP_K"], k, qw.scheme.bits)
+    fmt = _launch_format(qw, bk)
+    offsets = offsets.to(device=x.device, dtype=torch.int64)
+    tiles = (offsets[1:] - offsets[:-1] + bm - 1) // bm
+    tile_cum = torch.zeros(e + 1, dtype=torch.int32, device=x.device)
+    tile_cum[1:] = torch.cumsum(tiles, 0)
+    bias = qw.bias if bias is None else bias
+    zeros = qw.zeros if qw.zeros is not None else qw.scales
+    gscale = qw.global_scale if qw.global_scale is not None else qw.scales
+    b = bias if bias is not None else y
+    post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= bk and fmt["GROUP_K"] % bk == 0
+    grid = (triton.cdiv(t, bm) + e, triton.cdiv(n, block_n))
+    grouped_tiled_kernel[grid](
+        x, qw.data, qw.scales, zeros, gscale, b, y, offsets, tile_cum, n, k, e, x.stride(0),
+        qw.data.stride(0), qw.data.stride(1), qw.scales.stride(0), qw.scales.stride(1), qw.scales.stride(2),
+        zeros.stride(0), zeros.stride(1), zeros.stride(2), b.stride(0) if bias is not None else 0, y.stride(0),
+        E_POW2=triton.next_power_of_2(e), BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=bk, POST_SCALE=post,
+        DOT_F32=interpreting() or x.dtype == torch.float32, EVEN_K=k % bk == 0, HAS_BIAS=bias is not None,
+        num_warps=num_warps, num_stages=num_stages, **fmt)
+    return y
