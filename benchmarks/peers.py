@@ -8,7 +8,6 @@ peer over budget is skipped with the reason in its rows instead of blowing the s
 from __future__ import annotations
 
 import os
-import time
 
 import torch
 

@@ -59,6 +59,15 @@ def check_shape(t: torch.Tensor, shape, name: str, fmt: str, dtypes=None) -> Non
         raise CheckpointFormatError(f"{fmt}: {name} must have dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
 
 
+def packed_fp4(t, name: str, fmt: str) -> tuple[torch.Tensor, int, int]:
+    """uint8 ``[N, K/2]`` bytes of two e2m1 codes (low nibble = even k) -> (bytes, N, K)."""
+    packed = t.get(name, fmt)
+    if packed.dtype != torch.uint8 or packed.dim() != 2:
+        raise CheckpointFormatError(f"{fmt}: {name} must be uint8 [N, K/2] (two e2m1 codes a byte), got "
+                                    f"{packed.dtype} {list(packed.shape)}")
+    return packed, packed.shape[0], packed.shape[1] * 2
+
+
 def unpack_along(words: torch.Tensor, bits: int, count: int, dim: int) -> torch.Tensor:
     """Dense LSB-first int32 bit stream along ``dim`` -> ``count`` codes along ``dim`` (int32)."""
     w = words.to(torch.int32).movedim(dim, -1).contiguous()

@@ -35,7 +35,7 @@ from ..formats.packing import packed_words
 from ..formats.scheme import ActQuant
 from ..formats.weight import QuantWeight
 from ._common import (CheckpointFormatError, Tensors, bytes_to_words, ceil_div, check_shape, e8m0_codes,
-                      float_weight, int_weight, regroup_by_g_idx, unpack_along)
+                      float_weight, int_weight, packed_fp4, regroup_by_g_idx, unpack_along)
 
 FMT = "compressed-tensors"
 DENSE_SINCE = (0, 10, 0)  # assumed first release packing 3/5/6/7-bit values densely (see module doc)
@@ -202,11 +202,7 @@ def import_unpacked(t: Tensors, prefix: str, w: dict, act, input_scale) -> Quant
 
 def import_fp4(t: Tensors, prefix: str, kind: str, act, input_scale) -> QuantWeight:
     """nvfp4 / mxfp4 pack-quantized: bytes of two e2m1 codes (low nibble = even k) = our 4-bit stream."""
-    packed = t.get(f"{prefix}.weight_packed", FMT)
-    if packed.dtype != torch.uint8 or packed.dim() != 2:
-        raise CheckpointFormatError(f"{FMT}: {prefix}.weight_packed must be uint8 [N, K/2], got {packed.dtype} "
-                                    f"{list(packed.shape)}")
-    n, k = packed.shape[0], packed.shape[1] * 2
+    packed, n, k = packed_fp4(t, f"{prefix}.weight_packed", FMT)
     s = t.get(f"{prefix}.weight_scale", FMT)
     gscale = None
     if kind == "nvfp4":

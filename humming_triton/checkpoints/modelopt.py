@@ -17,7 +17,8 @@ import torch
 from ..formats.dtypes import WideFloat, parse_element_type
 from ..formats.scheme import ActQuant
 from ..formats.weight import QuantWeight
-from ._common import CheckpointFormatError, Tensors, bytes_to_words, ceil_div, check_shape, float_weight
+from ._common import (CheckpointFormatError, Tensors, bytes_to_words, ceil_div, check_shape, float_weight,
+                      packed_fp4)
 
 FMT = "ModelOpt"
 ALGOS = ("NVFP4", "FP8")
@@ -31,11 +32,7 @@ def _scalar(t: Tensors, name: str) -> torch.Tensor:
 
 
 def import_nvfp4_layer(t: Tensors, prefix: str, group: int = 16) -> QuantWeight:
-    packed = t.get(f"{prefix}.weight", FMT)
-    if packed.dtype != torch.uint8 or packed.dim() != 2:
-        raise CheckpointFormatError(f"{FMT}: NVFP4 {prefix}.weight must be uint8 [N, K/2], got {packed.dtype} "
-                                    f"{list(packed.shape)}")
-    n, k = packed.shape[0], packed.shape[1] * 2
+    packed, n, k = packed_fp4(t, f"{prefix}.weight", f"{FMT} NVFP4")
     s = t.get(f"{prefix}.weight_scale", FMT)
     check_shape(s, (n, ceil_div(k, group)), f"{prefix}.weight_scale", FMT, (torch.float8_e4m3fn,))
     input_scale = t.opt(f"{prefix}.input_scale")

@@ -124,7 +124,7 @@ def gptq_layer(qw: QuantWeight, prefix: str) -> tuple[dict[str, torch.Tensor], d
         raise ExportError(f"GPTQ scales are per output channel (per group along K); layer {prefix} has "
                           f"{s.scale.granularity} scales (scheme {s.name})")
     scales = _wide_scales(qw, fmt, prefix)
-    n, k, g = qw.N, qw.K, s.group_k(qw.K)
+    k, g = qw.K, s.group_k(qw.K)
     if k % g:
         raise ExportError(f"GPTQ: group size {g} does not divide K={k} in {prefix}")
     words, g_idx = _logical_order(_unsigned_words(qw), qw)

@@ -18,10 +18,10 @@ import math
 
 import torch
 
-from .dtypes import FloatType, IntType, WideFloat
+from .dtypes import IntType, WideFloat
 from .packing import pack_codes, unpack_codes
 from .scheme import QuantScheme
-from .weight import QuantWeight, decode_scales, scale_shape
+from .weight import QuantWeight, decode_scales
 
 __all__ = ["quantize_weight", "dequantize_weight", "expand_blocks", "block_reduce"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .dtypes import ElementType, FloatType, IntType, ScaleType, WideFloat, parse_element_type, parse_scale_type
+from .dtypes import ElementType, IntType, ScaleType, WideFloat, parse_element_type, parse_scale_type
 
 __all__ = ["ScaleSpec", "ActQuant", "QuantScheme", "PRESETS"]
 

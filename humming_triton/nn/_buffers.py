@@ -8,7 +8,6 @@ break the scheme's storage contract; quantized tensors therefore follow device m
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ..formats.weight import QuantWeight
 from ..ops import quant_weight_from_args
