@@ -133,3 +133,21 @@ GPU_CASES = [(fmt, fam, (SHAPES + [(3, 300, 512)])[(i + j) % 4]) for i, fmt in e
                          ids=["-".join(f) + f"-{fam}-" + "x".join(map(str, sh)) for f, fam, sh in GPU_CASES])
 def test_every_format_family_on_gpu(fmt, family, shape, rng):
     _run_case(fmt, family, shape, torch.bfloat16, rng, device="cuda")
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("family", ["gemv", "tiled", "dequant_mm"])
+def test_fp32_and_strided_activations(family, rng):
+    """fp32 activations take the exact (ieee) dot; a strided / 3-D x is handled without the caller copying."""
+    from humming_triton.kernels.dense import triton_linear
+    qw = ht.quantize_weight(torch.randn(40, 256, generator=rng), "w4a16")
+    cfg = FAMILIES[family](3)
+    x = torch.randn(2, 3, 512, generator=rng)[..., ::2]  # non-contiguous last dim
+    y = triton_linear(x, qw, config=cfg)
+    assert y.shape == (2, 3, 40) and y.dtype == torch.float32
+    ref = ht.reference_linear(x.contiguous(), qw, out_dtype=torch.float32).double()
+    assert_linear_close(y, ref, x.float(), ht.dequantize_weight(qw), torch.float32, family)
+    xb = torch.randn(5, 2 * 256, generator=rng).half()[:, :256]  # row stride != K
+    yb = triton_linear(xb, qw, config=FAMILIES[family](5))
+    refb = ht.reference_linear(xb.contiguous(), qw, out_dtype=torch.float32).double()
+    assert_linear_close(yb, refb, xb.float(), ht.dequantize_weight(qw), torch.float16, family + " row stride")
