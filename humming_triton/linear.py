@@ -49,6 +49,18 @@ def grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tensor, bias
 
 def fused_moe(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, activation: str = "silu", backend: str = "auto") -> torch.Tensor:
-    """Top-k mixture of experts over quantized expert weights ``w13 [E, 2I, H]`` and ``w2 [E, H, I]``."""
-    select_backend("fused_moe", hidden, w13, "reference" if backend == "auto" else backend)
+    """Top-k mixture of experts over quantized expert weights ``w13 [E, 2I, H]`` and ``w2 [E, H, I]``.
+
+    ``backend="triton"`` runs two grouped GEMMs with no host sync (CUDA-graph capturable); like
+    ``grouped_linear``, ``auto`` stays on the reference until the grouped kernel has passed the GPU tests."""
+    chosen = select_backend("fused_moe", hidden, w13, "reference" if backend == "auto" else backend)
+    if chosen == "triton":
+        if hidden.dim() != 2 or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != hidden.shape[0]:
+            raise ValueError(f"fused_moe takes hidden [T, H] and topk_ids / topk_weights [T, top_k], got "
+                             f"{list(hidden.shape)}, {list(topk_ids.shape)}, {list(topk_weights.shape)}")
+        if w2.num_experts != w13.num_experts or 2 * w2.K != w13.N or w2.N != hidden.shape[-1] or w13.K != w2.N:
+            raise ValueError(f"expert weights do not fit: gate_up {list(w13.shape)}, down {list(w2.shape)}, "
+                             f"hidden {list(hidden.shape)}; expected [E, 2I, H] and [E, H, I]")
+        from .kernels.moe import triton_fused_moe
+        return triton_fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation)
     return reference_fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation)

@@ -58,3 +58,23 @@ def test_grouped_kernel_on_gpu(scheme, dtype, rng):
     counts = [int(c) for c in torch.randint(0, 40, (16,), generator=rng)]
     counts[3] = 0
     _case(scheme, counts, 1536, 2048 if "g64" not in scheme else 1024, dtype, rng, device="cuda")
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("activation,scheme", [("silu", "w4a16"), ("swiglu_oai", "mxfp4"), ("silu", "nvfp4")])
+def test_fused_moe_triton_matches_reference(activation, scheme, rng):
+    t, h, inter, e, topk = 7, 128, 128, 6, 2
+    w13 = ht.quantize_weight(torch.randn(e, 2 * inter, h, generator=rng) / 8, scheme,
+                             bias=torch.randn(e, 2 * inter, generator=rng))
+    w2 = ht.quantize_weight(torch.randn(e, h, inter, generator=rng) / 8, scheme)
+    x = torch.randn(t, h, generator=rng).half()
+    wts, ids = torch.topk(torch.softmax(torch.randn(t, e, generator=rng), -1), topk)
+    y = ht.fused_moe(x, w13, w2, wts, ids, activation=activation, backend="triton")
+    assert ht.last_backend("fused_moe") == "triton"
+    ref = ht.fused_moe(x.float(), w13, w2, wts, ids, activation=activation).double()
+    # the same math except fp16 MMA operands (u = 2^-11) in two GEMMs and the fp16 output: a few u in norm;
+    # a routing or scaling mistake is O(1)
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 16 * 2.0 ** -11
+    from humming_triton.kernels.moe import route
+    order, offsets = route(ids, e)
+    assert offsets[-1] == t * topk and torch.equal(ids.reshape(-1)[order], ids.reshape(-1).sort(stable=True).values)

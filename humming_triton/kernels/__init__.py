@@ -10,7 +10,7 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def supports(op: str, scheme: QuantScheme, dtype: torch.dtype) -> str | None:
     """None when the Triton backend implements ``op`` for this scheme and activation dtype, else why not."""
-    if op not in ("quant_linear", "grouped_linear"):
+    if op not in ("quant_linear", "grouped_linear", "fused_moe"):
         return f"no Triton kernel for {op} yet (the reference backend runs it)"
     if scheme.act is not None:
         return "activation-quantized schemes (W8A8 / W4A8 / W4A4) have no Triton kernel yet"
