@@ -1,7 +1,8 @@
 """Tolerances, in one place, derived from the format and the arithmetic -- used by every test and benchmark.
 
 * Quantization error (``weight_error_bound``): round-to-nearest can be off by at most half the gap between the
-  two representable values around ``w / scale``, times the effective scale, plus whatever saturation clipped.
+  two representable values around ``w / scale``, times the effective scale, plus whatever saturation clipped,
+  plus the float32 rounding of the dequantized value.
 * GEMM error (``linear_tolerance``): a kernel rounds each dequantized weight (and the activation, if it is not
   already in that dtype) to the MMA input dtype -- relative error ``u`` (2^-11 fp16, 2^-8 bf16) per product --
   then accumulates in fp32 and rounds the output once.  Independent rounding errors grow like a random walk,
@@ -74,7 +75,8 @@ def weight_error_bound(w: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
     if s.zero != "none":
         v = v + expand_blocks(qw.zeros.double(), bn, bk, n, k)
     clipped = (v - v.clamp(lo, hi)).abs() * scale
-    return (_half_gap(table, v.clamp(lo, hi)) * scale + clipped) * (1 + 1e-6) + 1e-12
+    # + the float32 rounding of dequantization itself (up to two multiplies: code x scale x global)
+    return (_half_gap(table, v.clamp(lo, hi)) * scale + clipped) * (1 + 1e-6) + 2.0 ** -23 * w.double().abs() + 1e-12
 
 
 def poison_like(t: torch.Tensor) -> torch.Tensor:

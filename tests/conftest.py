@@ -27,8 +27,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def rng():
-    """Fresh random inputs each run; the seed is printed (shown with a failure's captured output)."""
-    seed = int.from_bytes(os.urandom(4), "little")
+    """Fresh random inputs each run; the seed is printed (shown with a failure's captured output) and
+    ``HT_SEED=<seed>`` replays it."""
+    seed = int(os.environ.get("HT_SEED") or int.from_bytes(os.urandom(4), "little"))
     print(f"random seed: {seed}")
     return torch.Generator().manual_seed(seed)
 
