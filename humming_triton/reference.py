@@ -12,8 +12,8 @@ from .formats.activation import dequantize_activation, quantize_activation
 from .formats.quantize import dequantize_weight
 from .formats.weight import QuantWeight
 
-__all__ = ["reference_linear", "reference_grouped_linear", "reference_fused_moe", "check_linear_inputs",
-           "moe_activation"]
+__all__ = ["reference_linear", "reference_grouped_linear", "reference_fused_moe", "check_linear_inputs", "route",
+           "moe_forward", "moe_activation"]
 
 
 def check_linear_inputs(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None, *, experts: bool = False) -> None:
@@ -105,14 +105,32 @@ def moe_activation(h: torch.Tensor, kind: str) -> torch.Tensor:
     raise ValueError(f"unknown MoE activation {kind!r}; expected 'silu' or 'swiglu_oai'")
 
 
-def sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (order of the flattened (token, slot) pairs sorted by expert, offsets [E+1])."""
+def route(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (order of the flattened (token, slot) pairs sorted by expert, offsets [E+1]), computed without a host
+    sync (no ``bincount`` / ``.item()``), so the Triton MoE path built on it stays CUDA-graph capturable."""
     flat = topk_ids.reshape(-1).long()
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
-    offsets = torch.zeros(num_experts + 1, dtype=torch.int64, device=topk_ids.device)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    offsets = torch.zeros(num_experts + 1, dtype=torch.int64, device=flat.device)
     offsets[1:] = torch.cumsum(counts, 0)
     return order, offsets
+
+
+def moe_forward(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor, activation: str, grouped) -> torch.Tensor:
+    """The MoE pipeline around a grouped GEMM ``grouped(x_sorted, qw, offsets) -> float32 [rows, N]``: route,
+    gate_up GEMM, activation (rounded to the activation dtype, as a kernel would), down GEMM, weighted top-k
+    reduction.  The reference and the Triton backend differ only in ``grouped``."""
+    t, k = topk_ids.shape
+    order, offsets = route(topk_ids, w13.num_experts)
+    tokens = order // k
+    h = grouped(hidden[tokens], w13, offsets)
+    a = moe_activation(h, activation).to(hidden.dtype)
+    y = grouped(a, w2, offsets) * topk_weights.reshape(-1)[order].float()[:, None]
+    out = torch.zeros(t, w2.N, dtype=torch.float32, device=hidden.device)
+    out.index_add_(0, tokens, y)
+    return out.to(hidden.dtype)
 
 
 def reference_fused_moe(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight, topk_weights: torch.Tensor,
@@ -129,13 +147,5 @@ def reference_fused_moe(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight,
                          f"hidden {list(hidden.shape)}; expected [E, 2I, H] and [E, H, I]")
     if topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= e):
         raise ValueError(f"topk_ids must lie in [0, {e}), got [{int(topk_ids.min())}, {int(topk_ids.max())}]")
-    t, k = topk_ids.shape
-    order, offsets = sort_by_expert(topk_ids, e)
-    tokens = order // k
-    h = reference_grouped_linear(hidden[tokens], w13, offsets, out_dtype=torch.float32)
-    a = moe_activation(h, activation).to(hidden.dtype)
-    y = reference_grouped_linear(a, w2, offsets, out_dtype=torch.float32)
-    y = y * topk_weights.reshape(-1)[order].float()[:, None]
-    out = torch.zeros(t, w2.N, dtype=torch.float32, device=hidden.device)
-    out.index_add_(0, tokens, y)
-    return out.to(hidden.dtype)
+    return moe_forward(hidden, w13, w2, topk_weights, topk_ids, activation,
+                       lambda x, qw, offsets: reference_grouped_linear(x, qw, offsets, out_dtype=torch.float32))

@@ -75,6 +75,6 @@ def test_fused_moe_triton_matches_reference(activation, scheme, rng):
     # the same math except fp16 MMA operands (u = 2^-11) in two GEMMs and the fp16 output: a few u in norm;
     # a routing or scaling mistake is O(1)
     assert ((y.double() - ref).norm() / ref.norm()).item() < 16 * 2.0 ** -11
-    from humming_triton.kernels.moe import route
+    from humming_triton.reference import route
     order, offsets = route(ids, e)
     assert offsets[-1] == t * topk and torch.equal(ids.reshape(-1)[order], ids.reshape(-1).sort(stable=True).values)
