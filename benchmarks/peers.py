@@ -101,30 +101,38 @@ def _act8(scheme: str) -> bool:
 def _humming_layer(sc: SchemeCtx):
     """Build + quantize (humming's own RTN on the GPU) + transform, once per (scheme, shape).  The dequantized
     weight must be read *before* transform() (the parameters are repacked into the kernel layout after)."""
-    key = "humming_layer"
+    return _built_once(sc, "humming", _build_humming)
+
+
+def _build_humming(sc: SchemeCtx):
+    if sc.scheme not in HUMMING_FORMATS:
+        raise Skip(f"no humming format mapped for {sc.scheme}")
+    mod = import_peer("humming")
+    wc, ic = HUMMING_FORMATS[sc.scheme]
+    kw = {}
+    if sc.shape.moe:
+        kw["num_experts"] = sc.shape.W.shape[0]
+    layer = mod.layer.HummingLayer(shape_n=sc.N, shape_k=sc.K, weight_config=dict(wc),
+                                   input_config=dict(ic) if ic else None,
+                                   torch_dtype=torch.bfloat16, **kw).cuda()
+    layer.load_from_unquantized(sc.shape.W)
+    w_deq = layer.weight_schema.dequant_tensors({n: p.data for n, p in layer.named_parameters()})
+    if isinstance(w_deq, dict):  # documented as the [N, K] tensor; tolerate a {name: tensor} dict
+        w_deq = w_deq.get("weight", next(iter(w_deq.values())))
+    layer.transform()
+    return layer, w_deq.float()
+
+
+def _built_once(sc: SchemeCtx, peer: str, build):
+    """``build(sc)`` once per (scheme, shape); a failure is remembered as the Skip its rows report."""
+    key = f"{peer}_layer"
     if key not in sc.cache:
-        if sc.scheme not in HUMMING_FORMATS:
-            sc.cache[key] = Skip(f"no humming format mapped for {sc.scheme}")
-        else:
-            try:
-                mod = import_peer("humming")
-                wc, ic = HUMMING_FORMATS[sc.scheme]
-                kw = {}
-                if sc.shape.moe:
-                    kw["num_experts"] = sc.shape.W.shape[0]
-                layer = mod.layer.HummingLayer(shape_n=sc.N, shape_k=sc.K, weight_config=dict(wc),
-                                               input_config=dict(ic) if ic else None,
-                                               torch_dtype=torch.bfloat16, **kw).cuda()
-                layer.load_from_unquantized(sc.shape.W)
-                w_deq = layer.weight_schema.dequant_tensors({n: p.data for n, p in layer.named_parameters()})
-                if isinstance(w_deq, dict):  # documented as the [N, K] tensor; tolerate a {name: tensor} dict
-                    w_deq = w_deq.get("weight", next(iter(w_deq.values())))
-                layer.transform()
-                sc.cache[key] = (layer, w_deq.float())
-            except Skip as e:
-                sc.cache[key] = e
-            except Exception as e:  # noqa: BLE001
-                sc.cache[key] = Skip(f"humming layer build failed: {type(e).__name__}: {e}")
+        try:
+            sc.cache[key] = build(sc)
+        except Skip as e:
+            sc.cache[key] = e
+        except Exception as e:  # noqa: BLE001
+            sc.cache[key] = Skip(f"{peer} layer build failed: {type(e).__name__}: {e}")
     got = sc.cache[key]
     if isinstance(got, Skip):
         raise got
@@ -152,51 +160,44 @@ def make_humming(sc: SchemeCtx, mi: MInputs) -> Prepared:
 # --- gemlite -----------------------------------------------------------------------------------------------
 
 def _gemlite_layer(sc: SchemeCtx):
-    key = "gemlite_layer"
-    if key not in sc.cache:
-        try:
-            if sc.shape.moe:
-                raise Skip("gemlite has no grouped (MoE) GEMM")
-            if sc.scheme in GEMLITE_UNSUPPORTED:
-                raise Skip(GEMLITE_UNSUPPORTED[sc.scheme])
-            if sc.scheme not in GEMLITE_FORMATS:
-                raise Skip(f"no gemlite format mapped for {sc.scheme}")
-            import_peer("gemlite")
-            from gemlite import helper
-            dev = f"cuda:{torch.cuda.current_device()}"
-            dt = torch.bfloat16
-            W = sc.shape.W
-            n, k = sc.N, sc.K
-            w_ref = None
-            name = GEMLITE_FORMATS[sc.scheme]
-            if name == "A16Wn":
-                # our int4 codes -> unsigned 0..15 with zero point 8; scales cast to bf16 (gemlite's dtype), so
-                # gemlite's dequantized weight is computed here for its reference
-                qw = sc.qw()
-                vals = qw.scheme.weight.decode(ht.unpack_codes(qw.data, 4, k)).float()  # -8..7
-                w_q = (vals + 8).to(torch.uint8)
-                scales = qw.scales.to(dt)
-                zeros = torch.full_like(scales, 8)
-                g = qw.scheme.group_k(k)
-                layer = helper.A16Wn(device=dev, dtype=dt).from_weights(w_q, scales, zeros, W_nbits=4,
-                                                                       group_size=g)
-                w_ref = vals * scales.float().repeat_interleave(g, dim=1)
-            elif name in ("A16W8_INT8", "A8W8_fp8_dynamic"):
-                layer = getattr(helper, name)(device=dev, dtype=dt).from_weights(W.clone())
-            else:
-                lin = torch.nn.Linear(k, n, bias=False, device=dev, dtype=dt)  # throwaway: from_linear eats it
-                lin.weight.data.copy_(W)
-                kw = {"post_scale": True} if name == "A8W4_MXFP_dynamic" else {}
-                layer = getattr(helper, name)(device=dev, dtype=dt, **kw).from_linear(lin)
-            sc.cache[key] = (layer, w_ref)
-        except Skip as e:
-            sc.cache[key] = e
-        except Exception as e:  # noqa: BLE001
-            sc.cache[key] = Skip(f"gemlite layer build failed: {type(e).__name__}: {e}")
-    got = sc.cache[key]
-    if isinstance(got, Skip):
-        raise got
-    return got
+    return _built_once(sc, "gemlite", _build_gemlite)
+
+
+def _build_gemlite(sc: SchemeCtx):
+    if sc.shape.moe:
+        raise Skip("gemlite has no grouped (MoE) GEMM")
+    if sc.scheme in GEMLITE_UNSUPPORTED:
+        raise Skip(GEMLITE_UNSUPPORTED[sc.scheme])
+    if sc.scheme not in GEMLITE_FORMATS:
+        raise Skip(f"no gemlite format mapped for {sc.scheme}")
+    import_peer("gemlite")
+    from gemlite import helper
+    dev = f"cuda:{torch.cuda.current_device()}"
+    dt = torch.bfloat16
+    W = sc.shape.W
+    n, k = sc.N, sc.K
+    w_ref = None
+    name = GEMLITE_FORMATS[sc.scheme]
+    if name == "A16Wn":
+        # our int4 codes -> unsigned 0..15 with zero point 8; scales cast to bf16 (gemlite's dtype), so
+        # gemlite's dequantized weight is computed here for its reference
+        qw = sc.qw()
+        vals = qw.scheme.weight.decode(ht.unpack_codes(qw.data, 4, k)).float()  # -8..7
+        w_q = (vals + 8).to(torch.uint8)
+        scales = qw.scales.to(dt)
+        zeros = torch.full_like(scales, 8)
+        g = qw.scheme.group_k(k)
+        layer = helper.A16Wn(device=dev, dtype=dt).from_weights(w_q, scales, zeros, W_nbits=4,
+                                                               group_size=g)
+        w_ref = vals * scales.float().repeat_interleave(g, dim=1)
+    elif name in ("A16W8_INT8", "A8W8_fp8_dynamic"):
+        layer = getattr(helper, name)(device=dev, dtype=dt).from_weights(W.clone())
+    else:
+        lin = torch.nn.Linear(k, n, bias=False, device=dev, dtype=dt)  # throwaway: from_linear eats it
+        lin.weight.data.copy_(W)
+        kw = {"post_scale": True} if name == "A8W4_MXFP_dynamic" else {}
+        layer = getattr(helper, name)(device=dev, dtype=dt, **kw).from_linear(lin)
+    return layer, w_ref
 
 
 def make_gemlite(sc: SchemeCtx, mi: MInputs) -> Prepared:
