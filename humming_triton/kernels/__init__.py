@@ -1,8 +1,11 @@
 """Triton kernels.  Importing this package imports triton but compiles and launches nothing."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from ..formats.dtypes import parse_element_type
 from ..formats.scheme import QuantScheme
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -13,10 +16,31 @@ def supports(op: str, scheme: QuantScheme, dtype: torch.dtype) -> str | None:
     if op not in ("quant_linear", "grouped_linear", "fused_moe"):
         return f"no Triton kernel for {op} yet (the reference backend runs it)"
     if scheme.act is not None:
-        return "activation-quantized schemes (W8A8 / W4A8 / W4A4) have no Triton kernel yet"
+        return fp8_path_reason(op, scheme)
     if dtype not in _DTYPES:
         return f"activations must be fp16, bf16 or fp32, got {dtype}"
     gk = scheme.scale.block_k
     if gk and 32 % scheme.bits == 0 and (gk & -gk) < 32 // scheme.bits:
         return f"group size {gk} does not align with {scheme.bits}-bit packed words"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def fp8_path_reason(op: str, scheme: QuantScheme) -> str | None:
+    """The fp8 tensor-core path takes e4m3 activations (dynamic, per token or per group) and weights whose
+    values are all exact in e4m3 (int4, e2m1, e4m3...), with no zero point and groups of >= 32."""
+    a = scheme.act
+    if op != "quant_linear":
+        return f"no Triton {op} for activation-quantized schemes yet"
+    if str(a.dtype) != "e4m3fn" or str(a.scale_dtype) != "fp32" or a.static or a.global_scale or not a.per_token:
+        return f"activation quantization {a} has no Triton kernel yet (fp8 e4m3, fp32 per-token/group scales only)"
+    if a.group_k and (a.group_k < 32 or a.group_k & (a.group_k - 1)):
+        return f"activation group {a.group_k} must be a power of two >= 32"
+    e4m3 = set(parse_element_type("e4m3fn").value_table().tolist())
+    vals = scheme.weight.value_table()
+    if scheme.zero != "none" or not set(vals[torch.isfinite(vals)].tolist()) <= e4m3:
+        return f"weight {scheme.weight} (zero={scheme.zero}) is not exactly representable in e4m3"
+    gk = scheme.scale.block_k
+    if gk and gk < 32:
+        return f"weight groups of {gk} are below the fp8 MMA's K tile of 32"
     return None

@@ -115,3 +115,22 @@ def grouped_tiles(rows: int, experts: int, bits: int, zero_point: bool) -> tuple
     bm = 16 if rows <= 16 * experts else 64
     heavy = zero_point or 32 % bits != 0
     return bm, 32 if heavy and bm == 64 else 64, 64
+
+
+def fp8_config(m: int, n: int, k: int, weight_group_k: int, act_group_k: int,
+               num_sms: int = NUM_SMS_DEFAULT) -> DenseConfig:
+    """Tiled config for the fp8 (activation-quantized) path: both scales multiply partial products, so
+    BLOCK_K must divide the weight group and the activation group (fp8 MMAs need K tiles of at least 32)."""
+    bk = 128
+    for g in (weight_group_k, act_group_k):
+        if g and g < k:
+            bk = min(bk, g & -g)
+    bm = 16 if m <= 16 else 64 if m <= 64 else 128
+    bn = 64 if m <= 64 else 128
+    if bm == 128:
+        bk = min(bk, 64)  # 128x128x128 spills on sm_90 (kernels.inspect); 64 does not
+    programs = -(-m // bm) * -(-n // bn)
+    split = 1
+    while programs * split < num_sms and split * 2 <= max(1, -(-k // bk) // 4):
+        split *= 2
+    return DenseConfig("tiled", bm, bn, max(bk, 32), split, 8, 4 if bm <= 64 else 8, 3)

@@ -25,6 +25,7 @@ from ._dense_tiled import dense_tiled_kernel
 from .decode import format_constexprs
 
 _SASS_COUNTS = {"ldg128": "LDG.E.128", "ldg_u16": "LDG.E.U16", "ldl": "LDL", "hgmma": "HGMMA", "hmma": "HMMA",
+                "qgmma": "QGMMA",
                 "shfl": "SHFL", "bar": "BAR"}
 
 
@@ -38,6 +39,8 @@ def compile_report(scheme: str, m: int, n: int, k: int, cfg: configs.DenseConfig
     specialisation, and report resources and SASS instruction counts."""
     s = QuantScheme.parse(scheme)
     fmt = format_constexprs(s, n, k)
+    if s.act is not None:
+        cfg = cfg or configs.fp8_config(m, n, k, s.scale.block_k, s.act.group_k)
     cfg = cfg or configs.choose(m, n, k, s.bits, fmt["GROUP_K"], zero_point=s.zero != "none")
     if cfg.family == "dequant_mm":
         raise ValueError("dequant_mm runs the dequantize kernel and cuBLAS; inspect a gemv or tiled config")
@@ -52,7 +55,11 @@ def compile_report(scheme: str, m: int, n: int, k: int, cfg: configs.DenseConfig
     else:
         kern = dense_tiled_kernel
         post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
-        consts.update(GROUP_M=cfg.group_m, POST_SCALE=post, DOT_F32=False)
+        consts.update(GROUP_M=cfg.group_m, POST_SCALE=post, DOT_F32=False, ACT_FP8=s.act is not None,
+                      ACT_GROUP_K=(s.act.group_k or 1 << 30) if s.act is not None else 1)
+        ptrs["xs_ptr"] = "*fp32"
+        if s.act is not None:
+            ptrs["x_ptr"] = "*u8"
     out = _compile(kern, consts, ptrs, dict(M=m, N=n, K=k, stride_xm=k, stride_wn=(k * s.bits + 31) // 32,
                                              stride_ym=n), cfg.num_warps, cfg.num_stages, arch)
     return {"scheme": s.name, "M": m, "N": n, "K": k, **asdict(cfg), **out}
