@@ -32,7 +32,9 @@ def _elem_constexprs(t, prefix: str) -> dict:
 
 
 def format_constexprs(scheme: QuantScheme, n: int, k: int) -> dict:
-    """Everything structural about a weight format, as kernel constexprs (one compiled variant per format)."""
+    """Everything structural about a weight format, as kernel constexprs (one compiled variant per format).
+    Kernels list them as explicit parameters -- the repeated signatures are deliberate: a constexpr bundle
+    (tuple/dataclass) is not portable across the Triton versions we run (3.6 on the H200, 3.8 in CI)."""
     sd = scheme.scale.dtype
     out = {"BITS": scheme.bits, "GROUP_K": scheme.group_k(k), "GROUP_N": scheme.group_n(n),
            "SCALE_IS_CODE": not isinstance(sd, WideFloat), "ZERO_KIND": ZERO_IDS[scheme.zero],
