@@ -97,8 +97,8 @@ def test_triton_dequantize_is_exact(fmt, rng):
 
 def test_unsupported_schemes_are_named(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    qw = ht.quantize_weight(torch.randn(16, 128), "w8a8-int8")
-    with pytest.raises(RuntimeError, match="int8/fp32:token has no Triton kernel yet"):
+    qw = ht.quantize_weight(torch.randn(16, 128), "w4a4-mxfp4")
+    with pytest.raises(RuntimeError, match="e2m1/e8m0:g32 has no Triton kernel yet"):
         ht.quant_linear(torch.randn(2, 128), qw, backend="triton")
 
 

@@ -27,20 +27,23 @@ def supports(op: str, scheme: QuantScheme, dtype: torch.dtype) -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def fp8_path_reason(op: str, scheme: QuantScheme) -> str | None:
-    """The fp8 tensor-core path takes e4m3 activations (dynamic, per token or per group) and weights whose
-    values are all exact in e4m3 (int4, e2m1, e4m3...), with no zero point and groups of >= 32."""
+    """The quantized-activation path: e4m3 or int8 activations (dynamic, per token or per group of K) with
+    weights whose values are all exact in that type (int4/e2m1/e4m3 in e4m3; int1-8 in int8), no zero point,
+    weight groups of >= 32."""
     a = scheme.act
     if op != "quant_linear":
         return f"no Triton {op} for activation-quantized schemes yet"
-    if str(a.dtype) != "e4m3fn" or str(a.scale_dtype) != "fp32" or a.static or a.global_scale or not a.per_token:
-        return f"activation quantization {a} has no Triton kernel yet (fp8 e4m3, fp32 per-token/group scales only)"
+    if str(a.dtype) not in ("e4m3fn", "int8") or str(a.scale_dtype) != "fp32" or a.static or a.global_scale \
+            or not a.per_token:
+        return f"activation quantization {a} has no Triton kernel yet (e4m3 / int8 with fp32 per-token or group " \
+               f"scales only)"
     if a.group_k and (a.group_k < 32 or a.group_k & (a.group_k - 1)):
         return f"activation group {a.group_k} must be a power of two >= 32"
-    e4m3 = set(parse_element_type("e4m3fn").value_table().tolist())
+    grid = set(parse_element_type(str(a.dtype)).value_table().tolist())
     vals = scheme.weight.value_table()
-    if scheme.zero != "none" or not set(vals[torch.isfinite(vals)].tolist()) <= e4m3:
-        return f"weight {scheme.weight} (zero={scheme.zero}) is not exactly representable in e4m3"
+    if scheme.zero != "none" or not set(vals[torch.isfinite(vals)].tolist()) <= grid:
+        return f"weight {scheme.weight} (zero={scheme.zero}) is not exactly representable in {a.dtype}"
     gk = scheme.scale.block_k
     if gk and gk < 32:
-        return f"weight groups of {gk} are below the fp8 MMA's K tile of 32"
+        return f"weight groups of {gk} are below the MMA's K tile of 32"
     return None

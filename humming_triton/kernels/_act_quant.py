@@ -1,8 +1,9 @@
-"""Dynamic activation quantization to e4m3 (per token or per group of K), the prologue of the fp8 GEMM path.
+"""Dynamic activation quantization to e4m3 or int8 (per token or per group of K), the prologue of the fp8 /
+int8 GEMM paths.
 
-Matches ``formats.activation.quantize_activation``: ``s = amax / 448`` in fp32 (1 for an all-zero group),
-``code = round-to-nearest-even(x / s)`` on the e4m3 grid, saturating at +-448.  The rounding is done on the
-fp32 bits (3 mantissa bits kept; a 2**-9 quantum below 2**-6) so that the final conversion to fp8 is exact
+Matches ``formats.activation.quantize_activation``: ``s = amax / qmax`` in fp32 (1 for an all-zero group;
+qmax 448 for e4m3, 127 for int8), ``code = round-to-nearest-even(x / s)``, saturating.  e4m3 rounding is done on
+the fp32 bits (3 mantissa bits kept; a 2**-9 quantum below 2**-6) so that the final conversion to fp8 is exact
 everywhere -- the Triton interpreter's own float -> fp8 conversion does not round to nearest.
 """
 import triton
@@ -23,8 +24,8 @@ def round_to_e4m3(v):
 
 
 @triton.jit
-def act_quant_fp8_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, stride_sm,
-                         GROUP_K: tl.constexpr, BLOCK_K: tl.constexpr):
+def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, stride_sm,
+                     KIND: tl.constexpr, GROUP_K: tl.constexpr, BLOCK_K: tl.constexpr):
     """Program (row, group): GROUP_K columns of one row (the whole row for per-token, walked BLOCK_K at a time)."""
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
@@ -35,10 +36,16 @@ def act_quant_fp8_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, 
         x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
     a = tl.max(amax, axis=0)
-    s = tl.where(a > 0, a / 448.0, 1.0)
+    QMAX: tl.constexpr = 448.0 if KIND == 1 else 127.0
+    s = tl.where(a > 0, a / QMAX, 1.0)
     tl.store(scales_ptr + row * stride_sm + g, s)
     for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-        q = round_to_e4m3(tl.minimum(tl.maximum(x / s, -448.0), 448.0))
-        tl.store(codes_ptr + row * stride_cm + offs, q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=offs < K)
+        if KIND == 1:
+            q = round_to_e4m3(tl.minimum(tl.maximum(x / s, -448.0), 448.0))
+            c = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        else:  # int8: 1.5 * 2**23 rounds to an integer, ties to even; saturate to [-128, 127]
+            r = (x / s + 12582912.0) - 12582912.0
+            c = tl.minimum(tl.maximum(r, -128.0), 127.0).to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True)
+        tl.store(codes_ptr + row * stride_cm + offs, c, mask=offs < K)

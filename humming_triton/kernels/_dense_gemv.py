@@ -47,4 +47,5 @@ def dense_gemv_kernel(
             s = decode_scales(s, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
             part = part * tl.reshape(s, (1, BLOCK_N))
         acc += part
-    store_output(acc, y_ptr, b_ptr, g_ptr, offs_m, offs_n, offs_m < M, N, stride_ym, SPLIT_K, HAS_BIAS, HAS_GLOBAL)
+    store_output(acc, y_ptr, b_ptr, g_ptr, offs_m, offs_n, offs_m < M, N, stride_ym, SPLIT_K, HAS_BIAS,
+                 HAS_GLOBAL)

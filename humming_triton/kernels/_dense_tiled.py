@@ -17,7 +17,7 @@ from .decode import decode_scales, dequant_tile, load_group_params, store_output
 def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn,
                 stride_zk, offs_n, t_begin, t_end, N, K,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, POST_SCALE: tl.constexpr,
-                DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, ACT_FP8: tl.constexpr, ACT_GROUP_K: tl.constexpr,
+                DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, ACT_KIND: tl.constexpr, ACT_GROUP_K: tl.constexpr,
                 BITS: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, ZERO_KIND: tl.constexpr,
                 W_IS_FLOAT: tl.constexpr, W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr,
                 W_BIAS: tl.constexpr, W_SPECIAL: tl.constexpr, SCALE_IS_CODE: tl.constexpr,
@@ -26,9 +26,9 @@ def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, stride_wn, stride_
     """fp32 [BLOCK_M, BLOCK_N] = x rows (pointers ``x_rows`` [BLOCK_M, 1], valid where ``mask_m``) times the
     dequantized weight rows ``offs_n``, over K tiles t_begin .. t_end (shared by the dense and grouped kernels).
 
-    ACT_FP8: x rows hold e4m3 codes with fp32 scales at ``xs_rows`` (one per ACT_GROUP_K columns); the weight
-    codes' values are exact in e4m3 (int4, e2m1, e4m3), so both operands feed an fp8 MMA and both scales
-    multiply the fp32 partial product (POST_SCALE is required)."""
+    ACT_KIND 1 (e4m3) / 2 (int8): x rows hold activation codes with fp32 scales at ``xs_rows`` (one per
+    ACT_GROUP_K columns); the weight codes' values are exact in that type (int4/e2m1/e4m3 in e4m3, int4/int8 in
+    int8), so both operands feed an fp8 / int8 MMA and both scales multiply the partial product (POST_SCALE)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in range(t_begin, t_end):
         k0 = t * BLOCK_K
@@ -41,8 +41,11 @@ def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, stride_wn, stride_
                          N, K, BLOCK_N, BLOCK_K, EVEN_K, not POST_SCALE, BITS, GROUP_K, GROUP_N, ZERO_KIND,
                          W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT,
                          S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
-        if ACT_FP8:
+        if ACT_KIND == 1:
             part = tl.dot(x.to(tl.float8e4nv, bitcast=True), tl.trans(w.to(tl.float8e4nv)))
+            part = part * tl.load(xs_rows + k0 // ACT_GROUP_K, mask=mask_m, other=0.0)
+        elif ACT_KIND == 2:
+            part = tl.dot(x.to(tl.int8, bitcast=True), tl.trans(w.to(tl.int8))).to(tl.float32)
             part = part * tl.load(xs_rows + k0 // ACT_GROUP_K, mask=mask_m, other=0.0)
         else:
             wt = tl.trans(w.to(x.dtype))
@@ -65,7 +68,7 @@ def dense_tiled_kernel(
     M, N, K, stride_xm, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, stride_ym, stride_xsm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, POST_SCALE: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_GLOBAL: tl.constexpr, ACT_FP8: tl.constexpr, ACT_GROUP_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_GLOBAL: tl.constexpr, ACT_KIND: tl.constexpr, ACT_GROUP_K: tl.constexpr,
     BITS: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, ZERO_KIND: tl.constexpr,
     W_IS_FLOAT: tl.constexpr, W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr,
     W_BIAS: tl.constexpr, W_SPECIAL: tl.constexpr, SCALE_IS_CODE: tl.constexpr,
@@ -85,9 +88,10 @@ def dense_tiled_kernel(
     tiles = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
     t_begin = tl.program_id(1) * tiles
     t_end = tl.minimum(t_begin + tiles, tl.cdiv(K, BLOCK_K))
-    acc = tile_matmul(x_ptr + offs_m[:, None] * stride_xm, xs_ptr + offs_m[:, None] * stride_xsm, offs_m[:, None] < M,
-                      w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, offs_n, t_begin,
-                      t_end, N, K, BLOCK_M, BLOCK_N, BLOCK_K, POST_SCALE, DOT_F32, EVEN_K, ACT_FP8, ACT_GROUP_K, BITS, GROUP_K, GROUP_N, ZERO_KIND, W_IS_FLOAT,
-                      W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP,
-                      S_MAN, S_BIAS, S_SPECIAL)
-    store_output(acc, y_ptr, b_ptr, g_ptr, offs_m, offs_n, offs_m < M, N, stride_ym, SPLIT_K, HAS_BIAS, HAS_GLOBAL)
+    acc = tile_matmul(x_ptr + offs_m[:, None] * stride_xm, xs_ptr + offs_m[:, None] * stride_xsm,
+                      offs_m[:, None] < M, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk,
+                      offs_n, t_begin, t_end, N, K, BLOCK_M, BLOCK_N, BLOCK_K, POST_SCALE, DOT_F32, EVEN_K, ACT_KIND,
+                      ACT_GROUP_K, BITS, GROUP_K, GROUP_N, ZERO_KIND, W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS,
+                      W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
+    store_output(acc, y_ptr, b_ptr, g_ptr, offs_m, offs_n, offs_m < M, N, stride_ym, SPLIT_K, HAS_BIAS,
+                 HAS_GLOBAL)

@@ -40,11 +40,12 @@ def grouped_tiled_kernel(
     mask_m = offs_m < row_end
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     e64 = e.to(tl.int64)
-    # weight-only (16-bit activations): the activation-scale pointer is unused (ACT_FP8 = False)
+    # weight-only (16-bit activations): the activation-scale pointer is unused (ACT_KIND = 0)
     acc = tile_matmul(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm, x_ptr, mask_m[:, None],
-                      w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, z_ptr + e64 * stride_ze, stride_wn, stride_sn,
-                      stride_sk, stride_zn, stride_zk, offs_n, 0, tl.cdiv(K, BLOCK_K), N, K, BLOCK_M, BLOCK_N, BLOCK_K,
-                      POST_SCALE, DOT_F32, EVEN_K, False, 1, BITS, GROUP_K, GROUP_N, ZERO_KIND, W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN,
-                      W_BIAS, W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
+                      w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, z_ptr + e64 * stride_ze, stride_wn,
+                      stride_sn, stride_sk, stride_zn, stride_zk, offs_n, 0, tl.cdiv(K, BLOCK_K), N, K, BLOCK_M,
+                      BLOCK_N, BLOCK_K, POST_SCALE, DOT_F32, EVEN_K, 0, 1, BITS, GROUP_K, GROUP_N, ZERO_KIND,
+                      W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED,
+                      S_EXP, S_MAN, S_BIAS, S_SPECIAL)
     store_output(acc, y_ptr, b_ptr + e64 * stride_be, g_ptr + e64, offs_m, offs_n, mask_m, N, stride_ym, 1,
                  HAS_BIAS, HAS_GLOBAL)

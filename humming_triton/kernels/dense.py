@@ -19,12 +19,12 @@ from ..dispatch import interpreting
 from ..formats.weight import QuantWeight
 from . import configs
 from ._dense_gemv import dense_gemv_kernel
-from ._act_quant import act_quant_fp8_kernel
+from ._act_quant import act_quant_kernel
 from ._dense_tiled import dense_tiled_kernel
 from ._dequant import dequant_kernel
 from .decode import format_constexprs
 
-__all__ = ["triton_linear", "triton_dequantize", "triton_quantize_activation_fp8"]
+__all__ = ["triton_linear", "triton_dequantize", "triton_quantize_activation"]
 
 PER_TOKEN = 1 << 30  # ACT_GROUP_K meaning "one scale per row": k0 // PER_TOKEN == 0 for every K tile
 
@@ -81,16 +81,21 @@ def triton_dequantize(qw: QuantWeight, dtype: torch.dtype = torch.float32, block
     return out
 
 
-def triton_quantize_activation_fp8(x2: torch.Tensor, group_k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x [M, K]`` -> (e4m3 codes uint8 [M, K], fp32 scales [M, groups]); group_k 0 = per token."""
+ACT_KINDS = {"e4m3fn": 1, "int8": 2}  # the activation element types with a Triton GEMM path
+
+
+def triton_quantize_activation(x2: torch.Tensor, dtype: str = "e4m3fn", group_k: int = 0
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` -> (codes uint8 [M, K] -- e4m3 or two's-complement int8 bytes --, fp32 scales [M, groups]);
+    group_k 0 = per token."""
     m, k = x2.shape
     g = group_k or k
     codes = torch.empty(m, k, dtype=torch.uint8, device=x2.device)
     scales = torch.empty(m, -(-k // g), dtype=torch.float32, device=x2.device)
     if m:
         block = min(1024, triton.next_power_of_2(g))
-        act_quant_fp8_kernel[(m, scales.shape[1])](x2, codes, scales, k, x2.stride(0), codes.stride(0),
-                                                   scales.stride(0), GROUP_K=g, BLOCK_K=block)
+        act_quant_kernel[(m, scales.shape[1])](x2, codes, scales, k, x2.stride(0), codes.stride(0),
+                                               scales.stride(0), KIND=ACT_KINDS[dtype], GROUP_K=g, BLOCK_K=block)
     return codes, scales
 
 
@@ -136,16 +141,16 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
         post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
         grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
         act = qw.scheme.act
-        if act is not None:  # fp8 tensor cores: quantize x first (the scales multiply the partial products)
+        if act is not None:  # fp8 / int8 tensor cores: quantize x first (the scales multiply partial products)
             if not post:
-                raise ValueError(f"fp8 path needs BLOCK_K ({cfg.block_k}) to divide the weight group "
-                                 f"({fmt['GROUP_K']}) of {qw.scheme.name}")
-            xq, xs = triton_quantize_activation_fp8(x2, act.group_k)
-            a_args = dict(stride_xm=xq.stride(0), stride_xsm=xs.stride(0), ACT_FP8=True,
+                raise ValueError(f"the quantized-activation path needs BLOCK_K ({cfg.block_k}) to divide the "
+                                 f"weight group ({fmt['GROUP_K']}) of {qw.scheme.name}")
+            xq, xs = triton_quantize_activation(x2, str(act.dtype), act.group_k)
+            a_args = dict(stride_xm=xq.stride(0), stride_xsm=xs.stride(0), ACT_KIND=ACT_KINDS[str(act.dtype)],
                           ACT_GROUP_K=act.group_k or PER_TOKEN)
             x2 = xq
         else:
-            xs, a_args = x2, dict(stride_xsm=0, ACT_FP8=False, ACT_GROUP_K=1)
+            xs, a_args = x2, dict(stride_xsm=0, ACT_KIND=0, ACT_GROUP_K=1)
         dense_tiled_kernel[grid](x2, w, s, z, g, b, y, xs, GROUP_M=cfg.group_m, POST_SCALE=post,
                                  DOT_F32=interpreting() or x.dtype == torch.float32, **{**common, **a_args})
     if split > 1:

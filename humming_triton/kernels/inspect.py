@@ -25,7 +25,7 @@ from ._dense_tiled import dense_tiled_kernel
 from .decode import format_constexprs
 
 _SASS_COUNTS = {"ldg128": "LDG.E.128", "ldg_u16": "LDG.E.U16", "ldl": "LDL", "hgmma": "HGMMA", "hmma": "HMMA",
-                "qgmma": "QGMMA",
+                "qgmma": "QGMMA", "igmma": "IGMMA", "imma": "IMMA",
                 "shfl": "SHFL", "bar": "BAR"}
 
 
@@ -55,7 +55,8 @@ def compile_report(scheme: str, m: int, n: int, k: int, cfg: configs.DenseConfig
     else:
         kern = dense_tiled_kernel
         post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
-        consts.update(GROUP_M=cfg.group_m, POST_SCALE=post, DOT_F32=False, ACT_FP8=s.act is not None,
+        consts.update(GROUP_M=cfg.group_m, POST_SCALE=post, DOT_F32=False,
+                      ACT_KIND={"e4m3fn": 1, "int8": 2}[str(s.act.dtype)] if s.act is not None else 0,
                       ACT_GROUP_K=(s.act.group_k or 1 << 30) if s.act is not None else 1)
         ptrs["xs_ptr"] = "*fp32"
         if s.act is not None:

@@ -1,6 +1,6 @@
-"""The fp8 tensor-core path of activation-quantized schemes (W8A8-FP8, W4A8-FP8, W4A8-MXFP4, block FP8):
-the fused e4m3 activation quantizer against the reference quantizer, and the GEMM against the reference on
-the very activation codes the kernel produced.  CPU: interpreter; `pytest -m gpu` on CUDA."""
+"""The quantized-activation tensor-core paths (W8A8-FP8 channel/block, W4A8-FP8, W4A8-MXFP4 on fp8 MMAs;
+W8A8-INT8, W4A8-INT8 on int8 MMAs): the fused activation quantizer against the reference quantizer, and the
+GEMM against the reference on the very activation codes the kernel produced.  CPU: interpreter; `pytest -m gpu`."""
 import pytest
 import torch
 
@@ -8,44 +8,49 @@ import humming_triton as ht
 from humming_triton.formats.activation import QuantActivation
 from humming_triton.testing import assert_linear_close, poison_like
 
-SCHEMES = ["w8a8-fp8", "w8a8-fp8-block", "w4a8-fp8", "w4a8-mxfp4",
-           "weight=e2m1,scale=fp16:g64,act=e4m3fn/fp32:g64"]
+SCHEMES = ["w8a8-fp8", "w8a8-fp8-block", "w4a8-fp8", "w4a8-mxfp4", "weight=e2m1,scale=fp16:g64,act=e4m3fn/fp32:g64",
+           "w8a8-int8", "w4a8-int8", "weight=int8,scale=fp32:channel,act=int8/fp32:g128"]
 
 
-def _codes_ok(codes, ref_codes):
+def _codes_ok(codes, ref_codes, dtype):
     """Quotients are formed in fp32 by the kernel and exactly by the reference: a quotient within an fp32
     rounding of a grid midpoint may land one code apart -- rare (about 1e-4 of elements), never more."""
-    diff = (codes.long() - ref_codes.long()).abs()
-    diff = torch.minimum(diff, (diff - 128).abs())  # sign-magnitude: +-0 and neighbours across zero
+    if dtype == "int8":
+        diff = (codes.view(torch.int8).long() - ref_codes.view(torch.int8).long()).abs()
+    else:
+        diff = (codes.long() - ref_codes.long()).abs()
+        diff = torch.minimum(diff, (diff - 128).abs())  # sign-magnitude: +-0 and neighbours across zero
     return bool((diff <= 1).all()) and (diff != 0).float().mean().item() < 2e-3
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("scheme", ["w8a8-fp8", "w8a8-fp8-block"])
+@pytest.mark.parametrize("scheme", ["w8a8-fp8", "w8a8-fp8-block", "w8a8-int8",
+                                    "weight=int8,scale=fp32:channel,act=int8/fp32:g128"])
 def test_activation_quantizer_matches_reference(scheme, rng):
-    from humming_triton.kernels.dense import triton_quantize_activation_fp8
+    from humming_triton.kernels.dense import triton_quantize_activation
     act = ht.QuantScheme.parse(scheme).act
     x = (torch.randn(37, 640, generator=rng) * 4).half()
     x[3] = 0  # an all-zero row keeps scale 1
     x[5, :7] = torch.tensor([1e-6, -2e-3, 448.0, -600.0, 1e4, 0.0, 3.0], dtype=torch.half)
-    codes, scales = triton_quantize_activation_fp8(x, act.group_k)
+    codes, scales = triton_quantize_activation(x, str(act.dtype), act.group_k)
     ref = ht.quantize_activation(x, scheme)
     assert torch.equal(scales, ref.scales)
-    assert _codes_ok(codes, ref.codes)
+    assert _codes_ok(codes, ref.codes, str(act.dtype))
 
 
 def _gemm_case(scheme, m, n, k, dtype, rng, device="cpu"):
-    from humming_triton.kernels.dense import triton_linear, triton_quantize_activation_fp8
+    from humming_triton.kernels.dense import triton_linear, triton_quantize_activation
     qw = ht.quantize_weight(torch.randn(n, k, generator=rng), scheme, bias=torch.randn(n, generator=rng)).to(device)
     x = torch.randn(m, k, generator=rng).to(dtype).to(device)
     out = poison_like(torch.empty(m, n, dtype=dtype, device=device))
     y = triton_linear(x, qw, out=out)
-    codes, scales = triton_quantize_activation_fp8(x, qw.scheme.act.group_k)
+    act = qw.scheme.act
+    codes, scales = triton_quantize_activation(x, str(act.dtype), act.group_k)
     x_hat = ht.dequantize_activation(QuantActivation(codes.cpu(), scales.cpu(), qw.scheme.act))
     qc = qw.to("cpu")
     w_hat = ht.dequantize_weight(qc)
     ref = (x_hat.double() @ w_hat.double().T + qc.bias.double())
-    # fp8 x fp8 products are exact in fp32: only accumulation and output rounding remain
+    # fp8 x fp8 products are exact in fp32 (int8 x int8 in int32): only accumulation and output rounding remain
     assert_linear_close(y.cpu(), ref, x_hat, w_hat, torch.float32, f"{scheme} M={m}")
     full = ht.reference_linear(x.cpu(), qc, out_dtype=torch.float32)  # end to end, codes may differ by one
     assert ((y.cpu().double() - full.double()).norm() / full.double().norm()).item() < 1e-2
@@ -63,8 +68,9 @@ def test_fp8_path_is_opt_in_and_names_what_it_cannot_do(monkeypatch):
     qw = ht.quantize_weight(torch.randn(16, 128), "w8a8-fp8")
     ht.quant_linear(torch.randn(2, 128), qw)
     assert ht.last_backend() == "reference"  # auto: the fp8 kernels are not GPU-verified yet
-    for scheme, msg in [("w8a8-int8", "int8"), ("w4a4-nvfp4", "e2m1"),
-                        ("weight=int8,scale=fp32:channel,act=e4m3fn/fp32:token", "not exactly representable")]:
+    for scheme, msg in [("w4a4-mxfp4", "e2m1"), ("w4a4-nvfp4", "e2m1"),
+                        ("weight=int8,scale=fp32:channel,act=e4m3fn/fp32:token", "not exactly representable"),
+                        ("weight=e2m1,scale=e8m0:g32,act=int8/fp32:token", "not exactly representable")]:
         q = ht.quantize_weight(torch.randn(16, 128), scheme)
         with pytest.raises(RuntimeError, match=msg):
             ht.quant_linear(torch.randn(2, 128), q, backend="triton")
