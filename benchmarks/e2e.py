@@ -77,7 +77,7 @@ def run(args) -> dict:
         rec = {"scheme": name, "hidden": args.hidden, "layers": args.layers, "batch": args.batch}
         try:
             if scheme:
-                ht.replace_linear(model, scheme, skip=("lm_head",))
+                ht.replace_linear(model, scheme, skip=("lm_head",), backend=args.backend)
             with torch.no_grad():
                 logits = model(ids, use_cache=False).logits.float()
                 if scheme:
@@ -136,15 +136,23 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(fullgraph=True)")
     ap.add_argument("--cpu", action="store_true", help="tiny CPU smoke run (reference backend)")
+    ap.add_argument("--backend", default=None, help="backend of the quantized layers (default: auto; --cpu: reference)")
     ap.add_argument("--out", default=None, help="write the JSON here")
     args = ap.parse_args(argv)
     args.schemes = [s for s in args.schemes.split(",") if s]
+    # under TRITON_INTERPRET=1 "auto" would pick the (very slow) interpreted kernels for the CPU smoke run
+    args.backend = args.backend or ("reference" if args.cpu else "auto")
+    threads = torch.get_num_threads()
     if args.cpu:
         args.hidden, args.layers, args.vocab, args.reps = 256, 2, 512, 3
+        torch.set_num_threads(1)  # tiny matmuls: thread hand-offs cost more than they save (minutes on 2 cores)
     elif not torch.cuda.is_available():
         print("benchmarks.e2e needs a CUDA GPU (or --cpu for the smoke run)", file=sys.stderr)
         return 2
-    result = run(args)
+    try:
+        result = run(args)
+    finally:
+        torch.set_num_threads(threads)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
