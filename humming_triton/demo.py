@@ -64,7 +64,7 @@ def _sync(device: torch.device) -> None:
 
 
 # --- part 1: one layer -----------------------------------------------------------------------------------------
-def layer_demo(n: int, k: int, tokens: int, device: torch.device) -> str:
+def layer_demo(n: int, k: int, tokens: int, device: torch.device, backend: str = "auto") -> str:
     g = torch.Generator(device="cpu").manual_seed(0)
     w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16).to(device)
     x = torch.randn(tokens, k, generator=g).to(torch.bfloat16).to(device)
@@ -73,10 +73,10 @@ def layer_demo(n: int, k: int, tokens: int, device: torch.device) -> str:
     rows = []
     for preset in _progress(LAYER_PRESETS, f"layer {n}x{k}"):
         qw = ht.quantize_weight(w, preset)
-        y = ht.quant_linear(x, qw)  # first call: picks the backend (and builds kernel views / compiles)
+        y = ht.quant_linear(x, qw, backend=backend)  # first call: picks the backend (builds views / compiles)
         _sync(device)
         t0 = time.perf_counter()
-        y = ht.quant_linear(x, qw)
+        y = ht.quant_linear(x, qw, backend=backend)
         _sync(device)
         ms = (time.perf_counter() - t0) * 1e3
         rows.append([preset, f"{qw.nbytes() / 2 ** 20:.2f} ({bf16_mib / (qw.nbytes() / 2 ** 20):.1f}x)",
@@ -112,7 +112,7 @@ def _generate(model, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
     return out[:, ids.shape[1]:]
 
 
-def model_demo(runs, device: torch.device, new_tokens: int) -> str:
+def model_demo(runs, device: torch.device, new_tokens: int, backend: str = "auto") -> str:
     rows, base = [], {}
     g = torch.Generator(device="cpu").manual_seed(1)
     ids = torch.randint(1, 512, (2, 12), generator=g).to(device)
@@ -123,11 +123,11 @@ def model_demo(runs, device: torch.device, new_tokens: int) -> str:
             with torch.no_grad():
                 base[kind] = (ref, ref(ids).logits.float(), _generate(ref, ids, new_tokens))
         ref, ref_logits, ref_tokens = base[kind]
-        quant = ht.replace_linear(copy.deepcopy(ref), preset)
+        quant = ht.replace_linear(copy.deepcopy(ref), preset, backend=backend)
         with tempfile.TemporaryDirectory() as d, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             ht.save_quantized(quant, d, format=fmt)
-            loaded = ht.load_quantized(d, dtype=torch.bfloat16).to(device).eval()
+            loaded = ht.load_quantized(d, dtype=torch.bfloat16, backend=backend).to(device).eval()
         inexact = any("reciprocal" in str(c.message) for c in caught)
         with torch.no_grad():
             in_memory = quant(ids).logits.float()
@@ -166,15 +166,17 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller layer, fewer presets per model (CI)")
     ap.add_argument("--device", default="auto", help="auto (cuda if available) | cpu | cuda")
     ap.add_argument("--size", type=int, default=None, help="layer N = K (default 4096; 1024 with --quick)")
+    ap.add_argument("--backend", default="auto", help="auto | reference | triton: the backend of every quantized op "
+                    "(triton on a GPU runs the kernels even where auto still prefers the reference)")
     args = ap.parse_args(argv)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     size = args.size or (1024 if args.quick else 4096)
     t_start = time.perf_counter()
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
-    print(f"humming_triton {ht.__version__} demo on {device}{gpu}; torch {torch.__version__}"
-          f"{'; --quick' if args.quick else ''}")
+    print(f"humming_triton {ht.__version__} demo on {device}{gpu}; torch {torch.__version__}; "
+          f"backend={args.backend}{'; --quick' if args.quick else ''}")
     print(f"\n[1] one {size}x{size} linear layer, 16 tokens, bf16 activations")
-    print(layer_demo(size, size, 16, device))
+    print(layer_demo(size, size, 16, device, args.backend))
     print(f"part 1 took {time.perf_counter() - t_start:.1f} s")
     try:
         import safetensors  # noqa: F401
@@ -189,7 +191,7 @@ def main(argv=None) -> int:
           "load_quantized -> forward + greedy generate (8 tokens x 2 prompts)")
     t_part = time.perf_counter()
     with _cpu_threads(1 if device.type == "cpu" else None):
-        print(model_demo(runs, device, 8))
+        print(model_demo(runs, device, 8, args.backend))
     print(f"part 2 took {time.perf_counter() - t_part:.1f} s")
     print(f"\ndone in {time.perf_counter() - t_start:.1f} s")
     return 0

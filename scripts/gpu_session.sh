@@ -1,18 +1,53 @@
 #!/usr/bin/env bash
-# One H200 session's worth of checks, all results under $OUT (at most 8 files come back):
-#   GPU tests (failures logged as they happen), the demo, decode tokens/s vs bf16, the headline benchmark.
-# Usage on the device: HT_GIT_COMMIT=<sha> bash scripts/gpu_session.sh   (peers from .whl when present)
+# One H200 device call's worth of checks (a call may run 600 s), every result under $OUT (at most 8 files come back).
+# Usage on the device:  HT_GIT_COMMIT=<sha> STEPS="models demo e2e" bash scripts/gpu_session.sh
+# Steps (run in the order given; each has its own time limit so one hang cannot eat the call):
+#   models  GPU tests of the grouped/fused-MoE kernels, the quantized-activation kernels and whole tiny models
+#           (eager vs reference, CUDA-graph replay, torch.compile)                      -> gpu_tests.txt
+#   presets the WnA16 preset GPU tests                                                    -> gpu_tests.txt
+#   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
+#   demo    python3 -m humming_triton.demo --backend triton                                -> demo.txt
+#   e2e     decode tokens/s vs bf16: dense Llama and Qwen3-MoE (eager, CUDA graph, torch.compile)
+#                                                                                          -> e2e.txt, e2e_*.json
+#   bench   the headline benchmark with peers                                              -> bench/ (4 files)
+# Failures of every pytest step are appended to gpu_failures.txt as they happen.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+STEPS=${STEPS:-"models demo e2e"}
 if ls .whl/humming*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/humming*.whl .whl/gemlite*.whl
-  export PYTHONPATH=/tmp/site:$PWD
 fi
-export PYTHONUNBUFFERED=1 HT_FAILLOG=$OUT/gpu_failures.txt
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HT_FAILLOG=$OUT/gpu_failures.txt
 touch "$HT_FAILLOG"
-timeout 200 python3 -m pytest -m gpu -q -n 16 -p no:cacheprovider tests/ 2>&1 | grep -vi warn | tail -5 > "$OUT/gpu_tests.txt"
-timeout 90 python3 -m humming_triton.demo > "$OUT/demo.txt" 2>&1
-timeout 120 python3 -m benchmarks.e2e --compile --out "$OUT/e2e.json" > /dev/null 2>&1
-timeout 240 python3 -m benchmarks --suite headline --out "$OUT/h200" --no-cold-start --peer-budget-s 60 > /dev/null 2>&1
-tail -3 "$OUT/gpu_tests.txt"; grep -c FAILED "$HT_FAILLOG"
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+gpu_tests() {  # <limit s> <label> <pytest args...>
+  local limit=$1 label=$2; shift 2
+  stamp "pytest $label" | tee -a "$OUT/gpu_tests.txt"
+  timeout -k 5 "$limit" python3 -m pytest -m gpu -q -n 16 -p no:cacheprovider "$@" 2>&1 \
+    | grep -v -i "warn" | tail -4 >> "$OUT/gpu_tests.txt"
+  echo "(exit ${PIPESTATUS[0]}; 124 = cut off by the ${limit} s limit)" >> "$OUT/gpu_tests.txt"
+}
+for step in $STEPS; do
+  case $step in
+    models)  gpu_tests 170 models tests/test_grouped_kernels.py tests/test_act_quant_kernels.py tests/test_nn.py ;;
+    presets) gpu_tests 130 presets tests/test_dense_kernels.py -k wna16_presets ;;
+    dense)   gpu_tests 200 dense tests/test_dense_kernels.py -k every_format_family ;;
+    demo)    stamp demo; timeout -k 5 80 python3 -m humming_triton.demo --backend triton > "$OUT/demo.txt" 2>&1 ;;
+    e2e)
+      stamp e2e
+      timeout -k 5 110 python3 -m benchmarks.e2e --compile --schemes w4a16,w8a16,mxfp4 \
+        --out "$OUT/e2e_llama.json" > "$OUT/e2e.txt" 2>&1
+      timeout -k 5 110 python3 -m benchmarks.e2e --compile --model qwen3_moe --hidden 2048 --layers 4 \
+        --backend triton --schemes w4a16,mxfp4 --out "$OUT/e2e_moe.json" >> "$OUT/e2e.txt" 2>&1 ;;
+    bench)
+      stamp bench
+      timeout -k 5 260 python3 -m benchmarks --suite headline --out "$OUT/bench" --no-cold-start \
+        --peer-budget-s 60 > /dev/null 2> "$OUT/bench_stderr.txt" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+stamp done
+cat "$OUT/gpu_tests.txt" 2>/dev/null; echo "failures logged: $(grep -c '^FAILED' "$HT_FAILLOG")"
+tail -12 "$OUT/e2e.txt" 2>/dev/null

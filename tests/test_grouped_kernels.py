@@ -78,3 +78,24 @@ def test_fused_moe_triton_matches_reference(activation, scheme, rng):
     from humming_triton.reference import route
     order, offsets = route(ids, e)
     assert offsets[-1] == t * topk and torch.equal(ids.reshape(-1)[order], ids.reshape(-1).sort(stable=True).values)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 7, 300])
+@pytest.mark.parametrize("activation,scheme", [("silu", "w4a16"), ("swiglu_oai", "mxfp4"), ("silu", "nvfp4"),
+                                               ("silu", "w8a16")])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_fused_moe_on_gpu(activation, scheme, tokens, dtype, rng):
+    """Qwen3-30B-A3B-like routing (64 experts, top-8) at decode and prefill sizes, vs the float64 reference."""
+    h, inter, e, topk = 1024, 384, 64, 8
+    w13 = ht.quantize_weight(torch.randn(e, 2 * inter, h, generator=rng) / 8, scheme,
+                             bias=torch.randn(e, 2 * inter, generator=rng)).to("cuda")
+    w2 = ht.quantize_weight(torch.randn(e, h, inter, generator=rng) / 8, scheme).to("cuda")
+    x = torch.randn(tokens, h, generator=rng)
+    wts, ids = torch.topk(torch.softmax(torch.randn(tokens, e, generator=rng), -1), topk)
+    y = ht.fused_moe(x.to("cuda", dtype), w13, w2, wts.cuda(), ids.cuda(), activation=activation, backend="triton")
+    ref = ht.fused_moe(x, w13.to("cpu"), w2.to("cpu"), wts, ids, activation=activation,
+                       backend="reference").double()  # float32 math on the same (dequantized) weights
+    u = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+    rel = ((y.cpu().double() - ref).norm() / ref.norm()).item()
+    assert rel < 16 * u, f"{scheme}/{activation}/{tokens} tokens: rel err {rel:.3g}"
