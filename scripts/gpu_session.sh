@@ -2,10 +2,12 @@
 # One H200 device call's worth of checks (a call may run 600 s), every result under $OUT (at most 8 files come back).
 # Usage on the device:  HT_GIT_COMMIT=<sha> STEPS="models demo e2e" bash scripts/gpu_session.sh
 # Steps (run in the order given; each has its own time limit so one hang cannot eat the call):
+# (gpu_testlog.txt: one line per test as it finishes)
 #   models  GPU tests of the grouped/fused-MoE kernels, the quantized-activation kernels and whole tiny models
 #           (eager vs reference, CUDA-graph replay, torch.compile)                      -> gpu_tests.txt
 #   presets the WnA16 preset GPU tests                                                    -> gpu_tests.txt
 #   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
+#   overhead host-side µs per call of each path (eager, op, compiled) + profiles  -> overhead.txt
 #   demo    python3 -m humming_triton.demo --backend triton                                -> demo.txt
 #   e2e     decode tokens/s vs bf16: dense Llama and Qwen3-MoE (eager, CUDA graph, torch.compile)
 #                                                                                          -> e2e.txt, e2e_*.json
@@ -18,7 +20,7 @@ STEPS=${STEPS:-"models demo e2e"}
 if ls .whl/humming*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/humming*.whl .whl/gemlite*.whl
 fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HT_FAILLOG=$OUT/gpu_failures.txt
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HT_FAILLOG=$OUT/gpu_failures.txt HT_TESTLOG=$OUT/gpu_testlog.txt
 touch "$HT_FAILLOG"
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
@@ -31,9 +33,10 @@ gpu_tests() {  # <limit s> <label> <pytest args...>
 }
 for step in $STEPS; do
   case $step in
-    models)  gpu_tests 170 models tests/test_grouped_kernels.py tests/test_act_quant_kernels.py tests/test_nn.py ;;
+    models)  gpu_tests ${MODELS_S:-170} models tests/test_grouped_kernels.py tests/test_act_quant_kernels.py tests/test_nn.py ;;
     presets) gpu_tests 130 presets tests/test_dense_kernels.py -k wna16_presets ;;
-    dense)   gpu_tests 200 dense tests/test_dense_kernels.py -k every_format_family ;;
+    dense)   gpu_tests ${DENSE_S:-200} dense tests/test_dense_kernels.py -k every_format_family ;;
+    overhead) stamp overhead; timeout -k 5 120 python3 -m benchmarks.overhead > "$OUT/overhead.txt" 2>&1 ;;
     demo)    stamp demo; timeout -k 5 80 python3 -m humming_triton.demo --backend triton > "$OUT/demo.txt" 2>&1 ;;
     e2e)
       stamp e2e

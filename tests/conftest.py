@@ -35,9 +35,14 @@ def rng():
 
 
 def pytest_runtest_logreport(report):
-    """With HT_FAILLOG=<file>, append each failure as it happens (GPU runs may be cut off by a time limit
-    before pytest prints its summary)."""
+    """GPU runs may be cut off by a time limit before pytest prints its summary, so results are logged as they
+    happen: HT_FAILLOG=<file> gets each failure with its traceback tail, HT_TESTLOG=<file> one line per test
+    (outcome, seconds)."""
     path = os.environ.get("HT_FAILLOG")
     if path and report.failed:
         with open(path, "a") as f:
             f.write(f"FAILED {report.nodeid} ({report.when})\n{str(report.longrepr)[-1500:]}\n\n")
+    log = os.environ.get("HT_TESTLOG")
+    if log and (report.when == "call" or report.outcome != "passed"):
+        with open(log, "a") as f:
+            f.write(f"{report.outcome.upper()} {report.nodeid} {report.when} {report.duration:.1f}s\n")
