@@ -8,16 +8,20 @@
   then accumulates in fp32 and rounds the output once.  Independent rounding errors grow like a random walk,
   so per output element ``|y - y_ref| <= 6 u sqrt(sum_k (x_k w_k)^2) + 2 u_32 sqrt(K) sum_k |x_k w_k| +
   2 u_out |y_ref|`` (6 sigma; the middle term is fp32 accumulation).  A wrong
-  nibble, group or scale produces errors of order ``|y|``, far above this.
+  nibble, group or scale produces errors of order ``|y|``, far above this.  A kernel that sums ``x * code *
+  scale`` and subtracts ``x * zero * scale`` separately (the word-major GEMV) accumulates terms up to
+  ``|w| + |zero * scale|``: pass that offset (``zero_offset``) and the fp32 term uses it.
 """
 from __future__ import annotations
 
 import torch
 
+from .formats.dtypes import IntType
 from .formats.quantize import expand_blocks
 from .formats.weight import QuantWeight, decode_scales
 
-__all__ = ["unit_roundoff", "linear_tolerance", "assert_linear_close", "weight_error_bound", "poison_like"]
+__all__ = ["unit_roundoff", "linear_tolerance", "assert_linear_close", "weight_error_bound", "poison_like",
+           "zero_offset"]
 
 _U = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 
@@ -26,24 +30,43 @@ def unit_roundoff(dtype: torch.dtype) -> float:
     return _U[dtype]
 
 
+def zero_offset(qw: QuantWeight) -> torch.Tensor:
+    """``|zero * scale|`` per weight element (2**(bits-1) for signed integer codes without zero points, which
+    a kernel may treat as offset binary), 0 where the format has no offset."""
+    s = qw.scheme
+    n, k = qw.N, qw.K
+    if s.zero != "none":
+        zero = expand_blocks(qw.zeros.double(), s.group_n(n), s.group_k(k), n, k)
+    elif isinstance(s.weight, IntType) and s.weight.signed:
+        zero = torch.full((n, k), 2.0 ** (s.bits - 1), dtype=torch.float64)
+    else:
+        return torch.zeros(n, k, dtype=torch.float64)
+    scale = expand_blocks(decode_scales(qw.scales, s).double(), s.group_n(n), s.group_k(k), n, k)
+    if qw.global_scale is not None:
+        scale = scale * qw.global_scale.double()
+    return (zero * scale).abs()
+
+
 def linear_tolerance(x: torch.Tensor, w_hat: torch.Tensor, y_ref: torch.Tensor, mma_dtype: torch.dtype,
-                     out_dtype: torch.dtype) -> torch.Tensor:
-    """Per-element absolute tolerance of ``x @ w_hat.T`` computed with ``mma_dtype`` products, fp32 sums."""
+                     out_dtype: torch.dtype, offset: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-element absolute tolerance of ``x @ w_hat.T`` computed with ``mma_dtype`` products, fp32 sums
+    (of terms up to ``|w_hat| + offset``, see the module docstring)."""
     xd, wd = x.double().reshape(-1, x.shape[-1]), w_hat.double()
     spread = ((xd ** 2) @ (wd ** 2).T).sqrt().reshape(y_ref.shape)
     # fp32 accumulation: the partial sums' own rounding, random-walk over K terms
-    acc = 2 * unit_roundoff(torch.float32) * x.shape[-1] ** 0.5 * (xd.abs() @ wd.abs().T).reshape(y_ref.shape)
+    terms = wd.abs() if offset is None else wd.abs() + offset.double().cpu()
+    acc = 2 * unit_roundoff(torch.float32) * x.shape[-1] ** 0.5 * (xd.abs() @ terms.T).reshape(y_ref.shape)
     return 6 * unit_roundoff(mma_dtype) * spread + acc + 2 * unit_roundoff(out_dtype) * y_ref.double().abs() + 1e-30
 
 
 def assert_linear_close(out: torch.Tensor, y_ref: torch.Tensor, x: torch.Tensor, w_hat: torch.Tensor,
-                        mma_dtype: torch.dtype, what: str = "") -> None:
+                        mma_dtype: torch.dtype, what: str = "", offset: torch.Tensor | None = None) -> None:
     if out.shape != y_ref.shape:
         raise AssertionError(f"{what}: shape {list(out.shape)} != reference {list(y_ref.shape)}")
     o = out.double().cpu()
     if not bool(torch.isfinite(o).all()):
         raise AssertionError(f"{what}: output has {int((~torch.isfinite(o)).sum())} non-finite values (unwritten?)")
-    tol = linear_tolerance(x.cpu(), w_hat.cpu(), y_ref.cpu(), mma_dtype, out.dtype)
+    tol = linear_tolerance(x.cpu(), w_hat.cpu(), y_ref.cpu(), mma_dtype, out.dtype, offset)
     err = (o - y_ref.double().cpu()).abs()
     bad = err > tol
     if bool(bad.any()):

@@ -28,6 +28,11 @@ def candidates(m: int) -> list[DenseConfig]:
         out = [C("gemv", bm, bn, bk, sk, num_warps=w, num_stages=1) for bn, bk, sk, w in
                [(8, 1024, 1, 4), (8, 512, 1, 4), (16, 512, 1, 4), (8, 1024, 2, 4), (8, 2048, 1, 8),
                 (16, 1024, 1, 8), (4, 1024, 1, 4), (8, 256, 4, 4), (32, 128, 1, 4)] if bm * bn * bk <= 32768]
+        if bm <= 2:  # the word-major GEMV runs one row per program (num_stages 2 = register prefetch)
+            out += [C("gemv_words", 1, bn, bk, sk, num_warps=w, num_stages=st) for bn, bk, sk, w, st in
+                    [(4, 1024, 1, 4, 1), (4, 1024, 1, 4, 2), (8, 1024, 1, 4, 1), (8, 1024, 1, 4, 2), (2, 1024, 1, 4, 1),
+                     (4, 512, 1, 4, 1), (4, 512, 1, 4, 2), (4, 2048, 1, 8, 1), (4, 1024, 2, 4, 1),
+                     (4, 1024, 2, 4, 2), (8, 512, 2, 4, 2), (16, 512, 1, 8, 1)]]
         out += [C("tiled", 16, 64, 128, 2, 8, 4, 4)]
         return out
     if m <= 16:

@@ -9,6 +9,11 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+# pytest-xdist runs one process per core: torch's per-process thread pools would oversubscribe the machine
+# (16 workers x 16 threads made each CPU-side reference of the GPU tests take minutes)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     """GPU tests run only when asked for (`pytest -m gpu`) and a GPU exists; otherwise they are deselected,

@@ -11,18 +11,18 @@ FORMATS = ["w4a16", "w4a16-asym", "w3a16", "w8a16", "mxfp4", "nvfp4", "w8a16-fp8
 
 
 def _case(scheme, counts, n, k, dtype, rng, device="cpu", block_m=None):
+    """Quantized (and checked) on ``device``: on the GPU the CPU-side work would dominate the test."""
     e = len(counts)
-    qw = ht.quantize_weight(torch.randn(e, n, k, generator=rng), scheme,
-                            bias=torch.randn(e, n, generator=rng)).to(device)
+    qw = ht.quantize_weight(torch.randn(e, n, k, generator=rng).to(device), scheme,
+                            bias=torch.randn(e, n, generator=rng).to(device))
     offsets = torch.zeros(e + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.tensor(counts), 0)
     x = torch.randn(int(offsets[-1]), k, generator=rng).to(dtype).to(device)
     from humming_triton.kernels.grouped import triton_grouped_linear
     out = poison_like(torch.empty(x.shape[0], n, dtype=dtype, device=device))
     y = triton_grouped_linear(x, qw, offsets.to(device), out=out, block_m=block_m)
-    qc = qw.to("cpu")
-    ref = ht.reference_grouped_linear(x.cpu(), qc, offsets, out_dtype=torch.float32).double()
-    w_hat = ht.dequantize_weight(qc)
+    ref = ht.reference_grouped_linear(x, qw, offsets.to(device), out_dtype=torch.float32).double().cpu()
+    w_hat = ht.dequantize_weight(qw).cpu()
     # the tolerance of each row uses its own expert's weight
     for i in range(e):
         rows = slice(int(offsets[i]), int(offsets[i + 1]))
@@ -88,14 +88,16 @@ def test_fused_moe_triton_matches_reference(activation, scheme, rng):
 def test_fused_moe_on_gpu(activation, scheme, tokens, dtype, rng):
     """Qwen3-30B-A3B-like routing (64 experts, top-8) at decode and prefill sizes, vs the float64 reference."""
     h, inter, e, topk = 1024, 384, 64, 8
-    w13 = ht.quantize_weight(torch.randn(e, 2 * inter, h, generator=rng) / 8, scheme,
-                             bias=torch.randn(e, 2 * inter, generator=rng)).to("cuda")
-    w2 = ht.quantize_weight(torch.randn(e, h, inter, generator=rng) / 8, scheme).to("cuda")
-    x = torch.randn(tokens, h, generator=rng)
+    w13 = ht.quantize_weight(torch.randn(e, 2 * inter, h, generator=rng).cuda() / 8, scheme,
+                             bias=torch.randn(e, 2 * inter, generator=rng).cuda())
+    w2 = ht.quantize_weight(torch.randn(e, h, inter, generator=rng).cuda() / 8, scheme)
+    x = torch.randn(tokens, h, generator=rng).cuda()
     wts, ids = torch.topk(torch.softmax(torch.randn(tokens, e, generator=rng), -1), topk)
-    y = ht.fused_moe(x.to("cuda", dtype), w13, w2, wts.cuda(), ids.cuda(), activation=activation, backend="triton")
-    ref = ht.fused_moe(x, w13.to("cpu"), w2.to("cpu"), wts, ids, activation=activation,
-                       backend="reference").double()  # float32 math on the same (dequantized) weights
+    wts, ids = wts.cuda(), ids.cuda()
+    y = ht.fused_moe(x.to(dtype), w13, w2, wts, ids, activation=activation, backend="triton")
+    # float32 math on the same (dequantized) weights; no TF32 (torch's default for float32 matmuls)
+    ref = ht.fused_moe(x, w13, w2, wts, ids, activation=activation, backend="reference").double().cpu()
     u = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
     rel = ((y.cpu().double() - ref).norm() / ref.norm()).item()
+    assert not torch.backends.cuda.matmul.allow_tf32
     assert rel < 16 * u, f"{scheme}/{activation}/{tokens} tokens: rel err {rel:.3g}"

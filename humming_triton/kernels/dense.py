@@ -2,6 +2,8 @@
 
 Families (configs.py chooses; ``autotune_configs/<device>.json`` overrides):
 ``gemv``  small M, CUDA-core FMA reduction streaming the weight once (``_dense_gemv.py``);
+``gemv_words`` M = 1 decode: the word-major GEMV for codes that never straddle a word (3 instructions per
+          weight element; falls back to ``gemv`` where it does not apply);
 ``tiled`` tensor-core ``tl.dot`` with in-register dequantization, optional split-K (``_dense_tiled.py``);
 ``dequant_mm`` large M: dequantize to a dense tensor once per call (``_dequant.py``), then cuBLAS.
 
@@ -18,7 +20,7 @@ import triton
 from ..dispatch import interpreting
 from ..formats.weight import QuantWeight
 from . import configs
-from ._dense_gemv import dense_gemv_kernel
+from ._dense_gemv import dense_gemv_kernel, dense_gemv_words_kernel
 from ._act_quant import act_quant_kernel
 from ._dense_tiled import dense_tiled_kernel
 from ._dequant import dequant_kernel
@@ -56,6 +58,14 @@ def _launch_format(qw: QuantWeight, block_k: int) -> dict:
         # one scale spans all of K: any group extent >= K means the same; >= BLOCK_K keeps one scale per tile
         fmt = {**fmt, "GROUP_K": block_k}
     return fmt
+
+
+MAGIC_2_23 = 0x4B000000  # fp32 bits of 2**23; a runtime kernel argument on purpose (_dense_gemv.py says why)
+
+
+def words_gemv_fits(bits: int, group_k: int, k: int) -> bool:
+    """The word-major GEMV needs whole codes in each word, and each word inside one scale group."""
+    return 32 % bits == 0 and (group_k % (32 // bits) == 0 or group_k >= k)
 
 
 def _weight_args(qw: QuantWeight) -> tuple[tuple, dict]:
@@ -134,7 +144,18 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
                   HAS_BIAS=bias is not None and split == 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                   **strides, **fmt)
     b = bias if bias is not None else y
-    if cfg.family == "gemv":
+    family = cfg.family
+    if family == "gemv_words" and not words_gemv_fits(qw.scheme.bits, fmt["GROUP_K"], k):
+        family = "gemv"  # codes straddle words (3/5/6/7 bits) or a word spans two groups: the generic GEMV
+    if family == "gemv_words":
+        epw = 32 // qw.scheme.bits
+        for key in ("BLOCK_M", "BLOCK_K", "EVEN_K"):
+            common.pop(key)
+        dense_gemv_words_kernel[(triton.cdiv(n, cfg.block_n), split, m)](
+            x2, w, s, z, g, b, y, magic=MAGIC_2_23, BLOCK_W=max(1, cfg.block_k // epw), PREFETCH=cfg.num_stages > 1,
+            FUSED_FMA=not interpreting(),
+            **common)
+    elif family == "gemv":
         grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))
         dense_gemv_kernel[grid](x2, w, s, z, g, b, y, **common)
     else:
