@@ -127,7 +127,7 @@ def test_wna16_presets_on_gpu(preset, dtype, shape, rng):
     assert_linear_close(y.cpu(), ref, x.cpu().float(), ht.dequantize_weight(qc), dtype, f"{preset} {shape}")
 
 
-GPU_FAMILIES = ("gemv", "gemv_splitk", "tiled", "tiled_splitk", "dequant_mm")
+GPU_FAMILIES = ("gemv", "gemv_splitk", "gemv_words", "gemv_words_prefetch_splitk", "tiled", "tiled_splitk", "dequant_mm")
 GPU_CASES = [(fmt, fam, (SHAPES + [(3, 300, 512)])[(i + j) % 4]) for i, fmt in enumerate(FORMATS)
              for j, fam in enumerate(GPU_FAMILIES)]
 
