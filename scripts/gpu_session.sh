@@ -17,7 +17,11 @@
 # Failures of every pytest step are appended to gpu_failures.txt as they happen.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# every step writes under $RES; after each step the lot is packed into $OUT/session.tgz (a run cut off by its
+# time limit still returns what finished; the device returns at most 8 files, so one archive carries them all)
+FINAL=${OUT:-/tmp/out}; mkdir -p "$FINAL"
+OUT=/tmp/ht_session; rm -rf "$OUT"; mkdir -p "$OUT"
+pack() { tar czf "$FINAL/session.tgz" -C "$OUT" . ; }
 STEPS=${STEPS:-"models demo e2e"}
 if ls .whl/humming*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/humming*.whl .whl/gemlite*.whl
@@ -42,7 +46,7 @@ for step in $STEPS; do
     tune)
       stamp tune
       timeout -k 5 ${TUNE_S:-150} bash -c "python3 -m humming_triton.tune --preset w4a16 --shapes 8192x8192,4096x14336 \
-        --m 1 && python3 -m humming_triton.tune --preset mxfp4 --preset w8a16 --shapes 8192x8192 --m 1" \
+        --m 1 && python3 -m humming_triton.tune --preset mxfp4 --preset w8a16 --preset nvfp4 --shapes 8192x8192 --m 1" \
         > "$OUT/tune.txt" 2>&1
       cp autotune_configs/*.json "$OUT/" ;;
     dense)   gpu_tests ${DENSE_S:-200} dense tests/test_dense_kernels.py -k every_format_family ;;
@@ -50,16 +54,17 @@ for step in $STEPS; do
     demo)    stamp demo; timeout -k 5 80 python3 -m humming_triton.demo --backend triton > "$OUT/demo.txt" 2>&1 ;;
     e2e)
       stamp e2e
-      timeout -k 5 110 python3 -m benchmarks.e2e --compile --schemes w4a16,w8a16,mxfp4 \
+      timeout -k 5 110 python3 -m benchmarks.e2e ${E2E_COMPILE---compile} --schemes w4a16,w8a16,mxfp4 \
         --out "$OUT/e2e_llama.json" > "$OUT/e2e.txt" 2>&1
-      timeout -k 5 110 python3 -m benchmarks.e2e --compile --model qwen3_moe --hidden 2048 --layers 4 \
+      [ -n "${E2E_DENSE_ONLY:-}" ] || timeout -k 5 110 python3 -m benchmarks.e2e --compile --model qwen3_moe --hidden 2048 --layers 4 \
         --backend triton --schemes w4a16,mxfp4 --out "$OUT/e2e_moe.json" >> "$OUT/e2e.txt" 2>&1 ;;
     bench)
       stamp bench
-      timeout -k 5 260 python3 -m benchmarks --suite headline --out "$OUT/bench" --no-cold-start \
+      timeout -k 5 ${BENCH_S:-260} python3 -m benchmarks --suite headline --out "$OUT/bench" --no-cold-start \
         --peer-budget-s 60 > /dev/null 2> "$OUT/bench_stderr.txt" ;;
     *) echo "unknown step $step" ;;
   esac
+  pack
 done
 stamp done
 cat "$OUT/gpu_tests.txt" 2>/dev/null; echo "failures logged: $(grep -c '^FAILED' "$HT_FAILLOG")"

@@ -37,15 +37,17 @@ def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, stri
         amax = tl.maximum(amax, tl.abs(x))
     a = tl.max(amax, axis=0)
     QMAX: tl.constexpr = 448.0 if KIND == 1 else 127.0
-    s = tl.where(a > 0, a / QMAX, 1.0)
+    # IEEE divisions (div_rn): "/" on fp32 compiles to an approximate division on the GPU, which moved ~1 % of
+    # the codes one step away from the reference quantizer (measured on the H200)
+    s = tl.where(a > 0, tl.div_rn(a, QMAX), 1.0)
     tl.store(scales_ptr + row * stride_sm + g, s)
     for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
         if KIND == 1:
-            q = round_to_e4m3(tl.minimum(tl.maximum(x / s, -448.0), 448.0))
+            q = round_to_e4m3(tl.minimum(tl.maximum(tl.div_rn(x, s), -448.0), 448.0))
             c = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         else:  # int8: 1.5 * 2**23 rounds to an integer, ties to even; saturate to [-128, 127]
-            r = (x / s + 12582912.0) - 12582912.0
+            r = (tl.div_rn(x, s) + 12582912.0) - 12582912.0
             c = tl.minimum(tl.maximum(r, -128.0), 127.0).to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True)
         tl.store(codes_ptr + row * stride_cm + offs, c, mask=offs < K)
