@@ -37,9 +37,9 @@ def grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tensor, bias
                    backend: str = "auto", out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Rows of ``x [T, K]`` sorted by expert, ``offsets [E+1]``; ``qw [E, N, K]`` -> ``[T, N]``.
 
-    ``backend="auto"`` still means the reference here: the Triton grouped kernel is verified under the
-    interpreter only and is opt-in (``backend="triton"``) until it has passed the GPU tests."""
-    chosen = select_backend("grouped_linear", x, qw, "reference" if backend == "auto" else backend)
+    ``backend="auto"``: the Triton grouped kernel on CUDA (GPU-tested on the H200 for every weight family),
+    the torch reference elsewhere."""
+    chosen = select_backend("grouped_linear", x, qw, backend)
     if chosen == "triton":
         check_linear_inputs(x, qw, bias, experts=True)
         if x.dim() != 2 or offsets.dim() != 1 or offsets.numel() != qw.num_experts + 1:
@@ -54,9 +54,9 @@ def fused_moe(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight, topk_weig
               topk_ids: torch.Tensor, activation: str = "silu", backend: str = "auto") -> torch.Tensor:
     """Top-k mixture of experts over quantized expert weights ``w13 [E, 2I, H]`` and ``w2 [E, H, I]``.
 
-    ``backend="triton"`` runs two grouped GEMMs with no host sync (CUDA-graph capturable); like
-    ``grouped_linear``, ``auto`` stays on the reference until the grouped kernel has passed the GPU tests."""
-    chosen = select_backend("fused_moe", hidden, w13, "reference" if backend == "auto" else backend)
+    On CUDA (``auto`` or ``triton``) two grouped GEMMs run with device-side routing and no host sync, so the
+    op can be captured in a CUDA graph; the reference syncs (it sorts tokens on the host's schedule)."""
+    chosen = select_backend("fused_moe", hidden, w13, backend)
     if chosen == "triton":
         if hidden.dim() != 2 or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != hidden.shape[0]:
             raise ValueError(f"fused_moe takes hidden [T, H] and topk_ids / topk_weights [T, top_k], got "

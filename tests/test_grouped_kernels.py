@@ -46,8 +46,10 @@ def test_grouped_bf16_and_api(rng):
     x = torch.randn(5, 128, generator=rng).half()
     y = ht.grouped_linear(x, qw, offsets, backend="triton")
     assert ht.last_backend("grouped_linear") == "triton"
-    ref = ht.grouped_linear(x, qw, offsets, out_dtype=torch.float32)
-    assert ht.last_backend("grouped_linear") == "reference"  # auto stays on the reference until GPU-verified
+    ref = ht.grouped_linear(x, qw, offsets, out_dtype=torch.float32, backend="reference")
+    assert ht.last_backend("grouped_linear") == "reference"
+    ht.grouped_linear(x, qw, offsets)
+    assert ht.last_backend("grouped_linear") == "triton"  # auto: the kernel (here interpreted; on CUDA compiled)
     assert torch.allclose(y.float(), ref, rtol=1e-2, atol=1e-2)
 
 
