@@ -16,10 +16,6 @@ def quant_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = N
                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x [..., K] @ dequant(qw).T + bias`` -> ``[..., N]`` in ``out_dtype`` (default: x's dtype)."""
     check_linear_inputs(x, qw, bias)
-    if backend == "auto" and qw.scheme.act is not None and str(qw.scheme.act.dtype) != "int8":
-        # the fp8-activation kernels are wrong on ~1 % of outputs for M >= 33 on the H200 (wgmma tiles): opt-in
-        # until fixed; the int8-activation kernels passed their GPU tests and run under auto
-        backend = "reference"
     chosen = select_backend("quant_linear", x, qw, backend)
     if chosen == "reference" or x.numel() == 0:
         if x.numel() == 0:

@@ -257,8 +257,8 @@ def test_quant_linear_carries_act_order_permutation(rng):
                                          ("gpt_oss", "mxfp4"), ("llama", "w8a8-fp8")])
 def test_triton_model_eager_graph_compile_on_gpu(kind, scheme, rng):
     """A tiny quantized model on the Triton kernels (fused MoE included) in bf16: eager matches the same
-    quantized model on the float32 reference backend, and a replayed CUDA graph and torch.compile(fullgraph)
-    match eager."""
+    quantized model on the float32 reference backend, and a replayed CUDA graph (not for gpt-oss, see below)
+    and torch.compile(fullgraph) match eager."""
     torch._dynamo.reset()
     model = build(kind, rng)
     ht.replace_linear(model, scheme, backend="triton")
@@ -279,21 +279,25 @@ def test_triton_model_eager_graph_compile_on_gpu(kind, scheme, rng):
     assert rel < 0.05, f"{kind}/{scheme}: triton bf16 vs reference fp32 logits rel err {rel:.3g}"
 
     static = ids.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.no_grad():
-        model(static, use_cache=False)  # warm-up outside capture (kernel compiles, cached views)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.no_grad():
-        captured = model(static, use_cache=False).logits
-    static.copy_(torch.randint(0, COMMON["vocab_size"], ids.shape, generator=rng).cuda())
-    graph.replay()
+    new_ids = torch.randint(0, COMMON["vocab_size"], ids.shape, generator=rng).cuda()
     with torch.no_grad():
-        again = model(static, use_cache=False).logits
-    torch.testing.assert_close(captured.float(), again.float(), rtol=2e-2, atol=2e-2)
+        again = model(new_ids, use_cache=False).logits
+    # HF's gpt-oss forward itself cannot be captured (its sliding-window mask copies from the host in
+    # transformers' masking_utils, the unquantized bf16 model too: scripts/fp8_probe.py); the others are
+    if kind != "gpt_oss":
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.no_grad():
+            model(static, use_cache=False)  # warm-up outside capture (kernel compiles, cached views)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph), torch.no_grad():
+            captured = model(static, use_cache=False).logits
+        static.copy_(new_ids)  # the replay must read the new tokens from the captured input buffer
+        graph.replay()
+        torch.testing.assert_close(captured.float(), again.float(), rtol=2e-2, atol=2e-2)
 
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
     with torch.no_grad():
-        got = compiled(static, use_cache=False).logits
+        got = compiled(new_ids, use_cache=False).logits
     torch.testing.assert_close(got.float(), again.float(), rtol=2e-2, atol=2e-2)

@@ -121,7 +121,8 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
     m = x2.shape[0]
     slug, sms = device_facts(x.device)
     if qw.scheme.act is not None:
-        cfg = config or configs.fp8_config(m, n, k, qw.scheme.scale.block_k, qw.scheme.act.group_k, sms)
+        cfg = config or configs.fp8_config(m, n, k, qw.scheme.scale.block_k, qw.scheme.act.group_k, sms,
+                                           str(qw.scheme.act.dtype))
     else:
         cfg = config or configs.choose(m, n, k, qw.scheme.bits, _format(qw)["GROUP_K"], slug, sms,
                                        qw.scheme.name, qw.scheme.zero != "none")

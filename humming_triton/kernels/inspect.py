@@ -40,7 +40,7 @@ def compile_report(scheme: str, m: int, n: int, k: int, cfg: configs.DenseConfig
     s = QuantScheme.parse(scheme)
     fmt = format_constexprs(s, n, k)
     if s.act is not None:
-        cfg = cfg or configs.fp8_config(m, n, k, s.scale.block_k, s.act.group_k)
+        cfg = cfg or configs.fp8_config(m, n, k, s.scale.block_k, s.act.group_k, act_dtype=str(s.act.dtype))
     cfg = cfg or configs.choose(m, n, k, s.bits, fmt["GROUP_K"], zero_point=s.zero != "none")
     if cfg.family == "dequant_mm":
         raise ValueError("dequant_mm runs the dequantize kernel and cuBLAS; inspect a gemv or tiled config")
