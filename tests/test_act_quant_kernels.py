@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import humming_triton as ht
+from humming_triton.kernels import configs
 from humming_triton.formats.activation import QuantActivation
 from humming_triton.testing import assert_linear_close, poison_like
 
@@ -50,8 +51,11 @@ def _gemm_case(scheme, m, n, k, dtype, rng, device="cpu"):
     qc = qw.to("cpu")
     w_hat = ht.dequantize_weight(qc)
     ref = (x_hat.double() @ w_hat.double().T + qc.bias.double())
-    # fp8 x fp8 products are exact in fp32 (int8 x int8 in int32): only accumulation and output rounding remain
-    assert_linear_close(y.cpu(), ref, x_hat, w_hat, torch.float32, f"{scheme} M={m}")
+    # fp8 x fp8 products are exact in fp32 (int8 x int8 in int32): only accumulation and output rounding remain;
+    # the large-M fp8 path (dequant_mm) rounds both dequantized operands to x's dtype for cuBLAS instead
+    cfg = configs.fp8_config(m, n, k, qw.scheme.scale.block_k, act.group_k, act_dtype=str(act.dtype))
+    mma = dtype if cfg.family == "dequant_mm" else torch.float32
+    assert_linear_close(y.cpu(), ref, x_hat, w_hat, mma, f"{scheme} M={m} ({cfg.family})")
     full = ht.reference_linear(x.cpu(), qc, out_dtype=torch.float32)  # end to end, codes may differ by one
     assert ((y.cpu().double() - full.double()).norm() / full.double().norm()).item() < 1e-2
 
@@ -61,6 +65,12 @@ def _gemm_case(scheme, m, n, k, dtype, rng, device="cpu"):
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_fp8_gemm_interpreted(scheme, m, rng):
     _gemm_case(scheme, m, 40, 384, torch.float16, rng)
+
+
+@pytest.mark.interpret
+def test_fp8_large_m_path_bf16(rng):
+    """The dequant_mm route of the fp8 schemes (M > 16) with bf16 activations and grouped activation scales."""
+    _gemm_case("weight=e4m3fn,scale=fp32:channel,act=e4m3fn/fp32:g128", 40, 24, 384, torch.bfloat16, rng)
 
 
 def test_fp8_path_under_auto_and_names_what_it_cannot_do(monkeypatch):

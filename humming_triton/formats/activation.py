@@ -97,7 +97,7 @@ def dequantize_activation(q: QuantActivation) -> torch.Tensor:
     sd = q.spec.scale_dtype
     s = q.scales.float() if isinstance(sd, WideFloat) else sd.decode(q.scales)
     g = q.spec.group_k or k
-    s = s.repeat_interleave(g, dim=-1)
+    s = s.repeat_interleave(g, dim=-1)[..., :k]  # the last group may be partial (K not a multiple of g)
     x = q.values() * s
     if q.global_scale is not None:
         x = x * q.global_scale

@@ -124,14 +124,18 @@ def fp8_config(m: int, n: int, k: int, weight_group_k: int, act_group_k: int,
     """Tiled config for the fp8 / int8 (activation-quantized) path: both scales multiply partial products, so
     BLOCK_K must divide the weight group and the activation group (fp8 MMAs need K tiles of at least 32).
 
-    e4m3 activations stay on 16-row tiles (mma.sync) at every M: on the H200 the fp8 wgmma that 64/128-row tiles
-    get does not accumulate exactly in fp32 -- ~1 % of outputs came out 2-3x past the exact-product tolerance,
-    even with a 32-wide K tile, while 16-row tiles matched (scripts/fp8_probe.py).  int8 wgmma is exact."""
+    e4m3 activations use 16-row tiles (mma.sync) only: on the H200 the fp8 wgmma that 64/128-row tiles get does
+    not accumulate exactly in fp32 -- ~1 % of outputs came out 2-3x past the exact-product tolerance, even with a
+    32-wide K tile, while 16-row tiles matched (scripts/fp8_probe.py) -- and 16-row tiles re-decode the weight
+    per row tile (16 ms at M = 4096), so above M = 16 the fp8 schemes dequantize both operands and run cuBLAS
+    (``dequant_mm``; bf16/fp16 products instead of exact fp8 ones).  int8 wgmma is exact and fast."""
+    if m > 16 and act_dtype != "int8":
+        return DenseConfig("dequant_mm", 1, 32, 128)
     bk = 128
     for g in (weight_group_k, act_group_k):
         if g and g < k:
             bk = min(bk, g & -g)
-    bm = 16 if m <= 16 or act_dtype != "int8" else 64 if m <= 64 else 128
+    bm = 16 if m <= 16 else 64 if m <= 64 else 128
     bn = 64 if m <= 64 else 128
     if bm == 128:
         bk = min(bk, 64)  # 128x128x128 spills on sm_90 (kernels.inspect); 64 does not

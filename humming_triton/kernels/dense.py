@@ -5,7 +5,8 @@ Families (configs.py chooses; ``autotune_configs/<device>.json`` overrides):
 ``gemv_words`` M = 1 decode: the word-major GEMV for codes that never straddle a word (3 instructions per
           weight element; falls back to ``gemv`` where it does not apply);
 ``tiled`` tensor-core ``tl.dot`` with in-register dequantization, optional split-K (``_dense_tiled.py``);
-``dequant_mm`` large M: dequantize to a dense tensor once per call (``_dequant.py``), then cuBLAS.
+``dequant_mm`` large M: dequantize to a dense tensor once per call (``_dequant.py``), then cuBLAS (for
+          activation-quantized schemes the quantized activations are dequantized too: the fp8 path at M > 16).
 
 ``triton_linear(x, qw)`` reads the canonical QuantWeight directly (no per-call repacking); the format's
 constexprs are computed once per QuantWeight and cached on it.
@@ -18,6 +19,7 @@ import torch
 import triton
 
 from ..dispatch import interpreting
+from ..formats.activation import QuantActivation, dequantize_activation
 from ..formats.weight import QuantWeight
 from . import configs
 from ._dense_gemv import dense_gemv_kernel, dense_gemv_words_kernel
@@ -128,6 +130,9 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
                                        qw.scheme.name, qw.scheme.zero != "none")
     bias = qw.bias if bias is None else bias
     if cfg.family == "dequant_mm":
+        if qw.scheme.act is not None:  # quantize x as the scheme says, then run its dequantized values in x's dtype
+            xq, xs = triton_quantize_activation(x2, str(qw.scheme.act.dtype), qw.scheme.act.group_k)
+            x2 = dequantize_activation(QuantActivation(xq, xs, qw.scheme.act)).to(x2.dtype)
         w = triton_dequantize(qw, x2.dtype, cfg.block_n, cfg.block_k)
         y = torch.nn.functional.linear(x2, w, None if bias is None else bias.to(x2.dtype))
         y = out.copy_(y) if out is not None else y.to(out_dtype)
