@@ -13,17 +13,6 @@ SCHEMES = ["w8a8-fp8", "w8a8-fp8-block", "w4a8-fp8", "w4a8-mxfp4", "weight=e2m1,
            "w8a8-int8", "w4a8-int8", "weight=int8,scale=fp32:channel,act=int8/fp32:g128"]
 
 
-def _codes_ok(codes, ref_codes, dtype):
-    """Quotients are formed in fp32 by the kernel and exactly by the reference: a quotient within an fp32
-    rounding of a grid midpoint may land one code apart -- rare (about 1e-4 of elements), never more."""
-    if dtype == "int8":
-        diff = (codes.view(torch.int8).long() - ref_codes.view(torch.int8).long()).abs()
-    else:
-        diff = (codes.long() - ref_codes.long()).abs()
-        diff = torch.minimum(diff, (diff - 128).abs())  # sign-magnitude: +-0 and neighbours across zero
-    return bool((diff <= 1).all()) and (diff != 0).float().mean().item() < 2e-3
-
-
 @pytest.mark.interpret
 @pytest.mark.parametrize("scheme", ["w8a8-fp8", "w8a8-fp8-block", "w8a8-int8",
                                     "weight=int8,scale=fp32:channel,act=int8/fp32:g128"])
@@ -36,7 +25,20 @@ def test_activation_quantizer_matches_reference(scheme, rng):
     codes, scales = triton_quantize_activation(x, str(act.dtype), act.group_k)
     ref = ht.quantize_activation(x, scheme)
     assert torch.equal(scales, ref.scales)
-    assert _codes_ok(codes, ref.codes, str(act.dtype))
+    # code for code: the quotient is formed in float64 as in the reference (in fp32, fp16 inputs often land
+    # exactly on an e4m3 midpoint and break the tie the other way: 3 of 384 codes, 1.4 % of the GEMM output)
+    assert torch.equal(codes, ref.codes)
+
+
+@pytest.mark.interpret
+def test_activation_quantizer_breaks_near_ties_like_the_reference():
+    g = torch.Generator().manual_seed(1)
+    torch.randn(40, 384, generator=g), torch.randn(40, generator=g)
+    x = torch.randn(1, 384, generator=g).half()  # x / s = 336.0000034 etc.: exact midpoints in fp32
+    from humming_triton.kernels.dense import triton_quantize_activation
+    for spec in ("e4m3fn/fp32:token", "int8/fp32:token"):
+        codes, _ = triton_quantize_activation(x, spec.split("/")[0], 0)
+        assert torch.equal(codes, ht.quantize_activation(x, ht.ActQuant.parse(spec)).codes), spec
 
 
 def _gemm_case(scheme, m, n, k, dtype, rng, device="cpu"):

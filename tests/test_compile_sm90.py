@@ -54,3 +54,32 @@ def test_grouped_kernel_compiles_for_hopper(reports, scheme, block_m):
     assert r["stack_bytes"] == 0 and r["ldl"] == 0, f"register spills: {r}"
     assert r["shared_bytes"] <= 227 * 1024, r
     assert (r["hgmma"] if block_m >= 64 else r["hmma"]) > 0, r
+
+
+_ACT_QUANT_SCRIPT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from humming_triton.kernels._act_quant import act_quant_kernel
+names = act_quant_kernel.arg_names
+for kind in (1, 2):
+    for xt in ("*fp16", "*bf16", "*fp32"):
+        consts = dict(KIND=kind, GROUP_K=128, BLOCK_K=128)
+        ptrs = {"x_ptr": xt, "codes_ptr": "*u8", "scales_ptr": "*fp32"}
+        sig = {a: ("constexpr" if a in consts else ptrs.get(a, "i32")) for a in names}
+        src = ASTSource(fn=act_quant_kernel, signature=sig,
+                        constexprs={(names.index(a),): v for a, v in consts.items()})
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+        print(kind, xt, "div.rn.f64" in ptx, "div.full.f32" in ptx or "div.approx.f32" in ptx)
+"""
+
+
+def test_activation_quantizer_divides_exactly_on_hopper():
+    """The quantizer must round the quotient the reference's way: IEEE float64 division, no approximate fp32 one
+    (the approximate division is what Triton emits for a plain fp32 '/' on the GPU)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _ACT_QUANT_SCRIPT], capture_output=True, text=True, env=env,
+                         timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 6 and all(line.endswith("True False") for line in lines), lines
