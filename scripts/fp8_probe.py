@@ -3,7 +3,7 @@
 The GPU tests found ~1 % of outputs off by a few % on wgmma tiles (BLOCK_M >= 64) while M = 1 (mma.sync) passed.
 Each variant is checked with the tests' own oracle and tolerance (tests/test_act_quant_kernels.py): the kernel's
 activation codes dequantized, times the dequantized weight, in float64.  Prints max(err / tolerance) per case.
-Usage: python3 scripts/fp8_probe.py
+Usage (repository root): PYTHONPATH=. python3 scripts/fp8_probe.py
 """
 import torch
 

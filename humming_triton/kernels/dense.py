@@ -70,6 +70,12 @@ def words_gemv_fits(bits: int, group_k: int, k: int) -> bool:
     return 32 % bits == 0 and (group_k % (32 // bits) == 0 or group_k >= k)
 
 
+def words_gemv_constexprs(common: dict, block_k: int, num_stages: int, bits: int, fused_fma: bool) -> dict:
+    """The generic GEMV launch constexprs, rewritten for the word-major GEMV (K tiled in words, not codes)."""
+    out = {key: v for key, v in common.items() if key not in ("BLOCK_M", "BLOCK_K", "EVEN_K")}
+    return {**out, "BLOCK_W": max(1, block_k // (32 // bits)), "PREFETCH": num_stages > 1, "FUSED_FMA": fused_fma}
+
+
 def _weight_args(qw: QuantWeight) -> tuple[tuple, dict]:
     zeros = qw.zeros if qw.zeros is not None else qw.scales
     gscale = qw.global_scale if qw.global_scale is not None else qw.scales
@@ -154,13 +160,9 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
     if family == "gemv_words" and not words_gemv_fits(qw.scheme.bits, fmt["GROUP_K"], k):
         family = "gemv"  # codes straddle words (3/5/6/7 bits) or a word spans two groups: the generic GEMV
     if family == "gemv_words":
-        epw = 32 // qw.scheme.bits
-        for key in ("BLOCK_M", "BLOCK_K", "EVEN_K"):
-            common.pop(key)
         dense_gemv_words_kernel[(triton.cdiv(n, cfg.block_n), split, m)](
-            x2, w, s, z, g, b, y, magic=MAGIC_2_23, BLOCK_W=max(1, cfg.block_k // epw), PREFETCH=cfg.num_stages > 1,
-            FUSED_FMA=not interpreting(),
-            **common)
+            x2, w, s, z, g, b, y, magic=MAGIC_2_23,
+            **words_gemv_constexprs(common, cfg.block_k, cfg.num_stages, qw.scheme.bits, not interpreting()))
     elif family == "gemv":
         grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))
         dense_gemv_kernel[grid](x2, w, s, z, g, b, y, **common)

@@ -50,12 +50,10 @@ def compile_report(scheme: str, m: int, n: int, k: int, cfg: configs.DenseConfig
     ptrs = _pointer_types(s, act, cfg.split_k)
     consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
                   HAS_BIAS=False, SPLIT_K=cfg.split_k, **fmt)
-    from .dense import words_gemv_fits
+    from .dense import words_gemv_constexprs, words_gemv_fits
     if cfg.family == "gemv_words" and words_gemv_fits(s.bits, fmt["GROUP_K"], k):
         kern = dense_gemv_words_kernel
-        for key in ("BLOCK_M", "BLOCK_K", "EVEN_K"):
-            consts.pop(key)
-        consts.update(BLOCK_W=max(1, cfg.block_k // (32 // s.bits)), PREFETCH=cfg.num_stages > 1, FUSED_FMA=True)
+        consts = words_gemv_constexprs(consts, cfg.block_k, cfg.num_stages, s.bits, fused_fma=True)
     elif cfg.family in ("gemv", "gemv_words"):
         kern = dense_gemv_kernel
     else:
