@@ -26,18 +26,24 @@ def candidates(m: int) -> list[DenseConfig]:
     if m <= 8:
         bm = configs.m_bucket(m)
         out = [C("gemv", bm, bn, bk, sk, num_warps=w, num_stages=1) for bn, bk, sk, w in
-               [(8, 1024, 1, 4), (8, 512, 1, 4), (16, 512, 1, 4), (8, 1024, 2, 4), (8, 2048, 1, 8),
-                (16, 1024, 1, 8), (4, 1024, 1, 4), (8, 256, 4, 4), (32, 128, 1, 4)] if bm * bn * bk <= 32768]
-        if bm <= 2:  # the word-major GEMV runs one row per program (num_stages 2 = register prefetch)
+               [(8, 1024, 1, 4), (16, 512, 1, 4), (8, 256, 4, 4)] if bm * bn * bk <= 32768]
+        if bm == 1:  # the word-major GEMV, one activation row (num_stages 2 = register prefetch)
             out += [C("gemv_words", 1, bn, bk, sk, num_warps=w, num_stages=st) for bn, bk, sk, w, st in
                     [(4, 1024, 1, 4, 1), (4, 1024, 1, 4, 2), (8, 1024, 1, 4, 1), (8, 1024, 1, 4, 2), (2, 1024, 1, 4, 1),
                      (4, 512, 1, 4, 1), (4, 512, 1, 4, 2), (4, 2048, 1, 8, 1), (4, 1024, 2, 4, 1),
                      (4, 1024, 2, 4, 2), (8, 512, 2, 4, 2), (16, 512, 1, 8, 1)]]
-        out += [C("tiled", 16, 64, 128, 2, 8, 4, 4)]
+        else:  # bm rows share each decoded tile; the K tile shrinks as rows grow (registers)
+            bk = max(128, 1024 // bm)
+            out += [C("gemv_words", bm, bn, k, sk, num_warps=w, num_stages=st) for bn, k, sk, w, st in
+                    [(4, bk, 1, 4, 1), (4, bk, 1, 4, 2), (4, 2 * bk, 1, 4, 1), (2, 2 * bk, 1, 4, 1),
+                     (8, bk, 1, 4, 1), (4, bk, 2, 4, 2), (4, 2 * bk, 1, 8, 1)]]
+        out += [C("tiled", 16, 64, 128, 2, 8, 4, 4), C("tiled", 16, 64, 128, 1, 8, 4, 4)]
         return out
     if m <= 16:
         return [C("tiled", 16, bn, bk, sk, 8, w, st) for bn, bk, sk, w, st in
-                [(64, 128, 1, 4, 4), (128, 128, 2, 4, 4), (32, 256, 4, 4, 3), (64, 128, 2, 4, 4), (128, 64, 4, 4, 4)]] + [C("gemv", 8, 8, 256, 2, num_warps=4, num_stages=1)]
+                [(64, 128, 1, 4, 4), (128, 128, 2, 4, 4), (32, 256, 4, 4, 3), (64, 128, 2, 4, 4), (128, 64, 4, 4, 4)]] + \
+            [C("gemv_words", 16, 4, 128, 1, num_warps=4, num_stages=1), C("gemv_words", 8, 4, 256, 1, num_warps=4,
+                                                                          num_stages=1)]
     if m <= 64:
         bm = 32 if m <= 32 else 64
         return [C("tiled", bm, bn, bk, sk, 8, w, st) for bn, bk, sk, w, st in

@@ -25,6 +25,9 @@ FAMILIES = {
     "gemv_splitk": lambda m: configs.DenseConfig("gemv", configs.m_bucket(min(m, 8)), 16, 64, 3, num_stages=1),
     "gemv_words": lambda m: configs.DenseConfig("gemv_words", 1, 16, 256, 1, num_stages=1),
     "gemv_words_prefetch_splitk": lambda m: configs.DenseConfig("gemv_words", 1, 8, 128, 2, num_stages=2),
+    # several activation rows per program (a partial last row block at M = 5 and 19)
+    "gemv_words_rows": lambda m: configs.DenseConfig("gemv_words", 4, 8, 256, 1, num_stages=1),
+    "gemv_words_rows_prefetch_splitk": lambda m: configs.DenseConfig("gemv_words", 2, 4, 128, 2, num_stages=2),
     "tiled": lambda m: configs.DenseConfig("tiled", 16, 32, 64, 1, 2),
     "tiled_wide_k": lambda m: configs.DenseConfig("tiled", 32, 16, 256, 1, 2),
     "tiled_splitk": lambda m: configs.DenseConfig("tiled", 16, 16, 64, 2, 2),
@@ -127,7 +130,8 @@ def test_wna16_presets_on_gpu(preset, dtype, shape, rng):
     assert_linear_close(y.cpu(), ref, x.cpu().float(), ht.dequantize_weight(qc), dtype, f"{preset} {shape}")
 
 
-GPU_FAMILIES = ("gemv", "gemv_splitk", "gemv_words", "gemv_words_prefetch_splitk", "tiled", "tiled_splitk", "dequant_mm")
+GPU_FAMILIES = ("gemv", "gemv_splitk", "gemv_words", "gemv_words_prefetch_splitk", "gemv_words_rows",
+                "gemv_words_rows_prefetch_splitk", "tiled", "tiled_splitk", "dequant_mm")
 GPU_CASES = [(fmt, fam, (SHAPES + [(3, 300, 512)])[(i + j) % 4]) for i, fmt in enumerate(FORMATS)
              for j, fam in enumerate(GPU_FAMILIES)]
 
@@ -155,3 +159,45 @@ def test_fp32_and_strided_activations(family, rng):
     yb = triton_linear(xb, qw, config=FAMILIES[family](5))
     refb = ht.reference_linear(xb.contiguous(), qw, out_dtype=torch.float32).double()
     assert_linear_close(yb, refb, xb.float(), ht.dequantize_weight(qw), torch.float16, family + " row stride")
+
+
+def _launch_replay_case(preset, device, rng):
+    """Calls that share a signature replay one cached launch; M, alignment, bias or out change it."""
+    from humming_triton.kernels.dense import triton_linear
+    n, k = 300, 1024
+    qw = ht.quantize_weight(torch.randn(n, k, generator=rng) * 0.05, preset).to(device)
+    qc = qw.to("cpu")
+    w_hat = ht.dequantize_weight(qc)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    bias = torch.randn(n, generator=rng).to(dtype).to(device)
+    buf = torch.randn(40 * k + 8, generator=rng).to(dtype).to(device)
+    # (M, element offset of x in buf: 1 misaligns it by 2 bytes, bias passed?, out given?)
+    calls = [(1, 0, False, False), (1, 0, False, False), (3, 0, False, False), (1, 1, False, False),
+             (3, 0, True, False), (1, 0, False, True), (3, 0, False, False), (1, 1, False, False)]
+    for m, off, with_bias, with_out in calls:
+        buf.copy_(torch.randn(buf.shape, generator=rng).to(dtype))  # fresh values each call, same storage
+        x = buf[off:off + m * k].view(m, k)
+        out = poison_like(torch.empty(m, n, dtype=dtype, device=device)) if with_out else None
+        y = triton_linear(x, qw, bias=bias if with_bias else None, out=out)
+        if out is not None:
+            assert y.data_ptr() == out.data_ptr()
+        ref = ht.reference_linear(x.cpu(), qc, bias=bias.cpu() if with_bias else None,
+                                  out_dtype=torch.float32).double()
+        offset = None if preset == "w3a16" else zero_offset(qc)  # the word-major GEMV runs M = 1 and 3
+        assert_linear_close(y.cpu(), ref, x.cpu().float(), w_hat, torch.float32,
+                            f"{preset} M={m} offset={off} bias={with_bias} out={with_out}", offset)
+    return qw.cache["triton_launches"]
+
+
+@pytest.mark.interpret
+def test_launch_cache_keys(rng):
+    launches = _launch_replay_case("w4a16", "cpu", rng)
+    # (1,0), (3,0), (1,1), (3,0,bias), (1,0,out): five signatures; no compiled kernel under the interpreter
+    assert len(launches) == 5 and all(launch.runner is None for launch in launches.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["w4a16", "w4a16-asym", "mxfp4", "nvfp4", "w3a16", "w8a16"])
+def test_launch_replay_on_gpu(preset, rng):
+    launches = _launch_replay_case(preset, "cuda", rng)
+    assert len(launches) == 5 and all(launch.runner is not None for launch in launches.values())

@@ -52,15 +52,16 @@ def dense_gemv_kernel(
 
 
 @triton.jit
-def _word_tile(w_ptr, s_ptr, x_ptr, rows_w, rows_s, offs_w, mask_n, w_end, x_row, K, stride_sk,
+def _word_tile(w_ptr, s_ptr, rows_w, rows_s, offs_w, mask_n, w_end, x_rows, mask_m, K, stride_sk,
                EPW: tl.constexpr, GROUP_K: tl.constexpr):
-    """The loads of one tile: words [BLOCK_N, BLOCK_W], their group scales, and x [EPW, BLOCK_W] (x[e, w] is
-    the activation of code e of word w)."""
+    """The loads of one tile: words [BLOCK_N, BLOCK_W], their group scales, and x [ROWS, EPW, BLOCK_W]
+    (x[r, e, w] is the activation of row r for code e of word w)."""
     mw = mask_n[:, None] & (offs_w[None, :] < w_end)
     words = tl.load(rows_w + offs_w[None, :], mask=mw, other=0)
     s = tl.load(rows_s + ((offs_w * EPW) // GROUP_K)[None, :] * stride_sk, mask=mw, other=0)
     xk = offs_w[None, :] * EPW + tl.arange(0, EPW)[:, None]
-    xv = tl.load(x_row + xk, mask=xk < K, other=0.0)
+    xv = tl.load(x_rows[:, None, None] + xk[None, :, :], mask=mask_m[:, None, None] & (xk < K)[None, :, :],
+                 other=0.0)
     return words, s, xv
 
 
@@ -68,8 +69,8 @@ def _word_tile(w_ptr, s_ptr, x_ptr, rows_w, rows_s, offs_w, mask_n, w_end, x_row
 def dense_gemv_words_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr,
     M, N, K, magic, stride_xm, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, stride_ym,
-    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr,
-    FUSED_FMA: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, SPLIT_K: tl.constexpr,
+    PREFETCH: tl.constexpr, FUSED_FMA: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_GLOBAL: tl.constexpr,
     BITS: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, ZERO_KIND: tl.constexpr,
     W_IS_FLOAT: tl.constexpr, W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr,
@@ -77,17 +78,20 @@ def dense_gemv_words_kernel(
     S_IS_FLOAT: tl.constexpr, S_SIGNED: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
     S_BIAS: tl.constexpr, S_SPECIAL: tl.constexpr,
 ):
-    """Decode GEMV for codes that never straddle a word (1/2/4/8 bits), one activation row per program.
+    """Decode GEMV for codes that never straddle a word (1/2/4/8 bits), ROWS activation rows per program.
 
     Why a second GEMV: the generic kernel unpacks codes into a [rows, K] tile, and the reshape plus a
     cross-lane reduction per tile cost 15 SASS instructions per weight element -- decode was ALU-bound.
-    Here the tile stays word-major, [codes per word, rows, words], accumulated element-wise and reduced once
-    at the end.  Integer codes are decoded without shifting them down: masked in place and OR-ed into the
-    mantissa of 2**23 (``magic`` is a runtime argument so that it sits in a register and mask + OR fuse
-    into one LOP3), one fused FMA with the scale gives ``code * 2**pos * scale`` and x is pre-divided by 2**pos
-    (exact); codes whose field would reach the exponent come from the word shifted right by 16.  The zero
-    point (2**(BITS-1) for signed codes, after an XOR to offset binary) is subtracted once per word as
-    ``zero * scale * sum(x over the word)``.  That is 3 instructions per element (LOP3, FFMA, FFMA).
+    Here the tile stays word-major, [codes per word, rows, words] (times ROWS activation rows, which share
+    the decode), accumulated element-wise and reduced once after the K loop.
+
+    Integer codes are decoded without shifting them down: masked in place and OR-ed into the mantissa of
+    2**23 (``magic`` is a runtime argument so that it sits in a register and mask + OR fuse into one LOP3),
+    one fused FMA with the scale gives ``code * 2**pos * scale`` and x is pre-divided by 2**pos (exact); codes
+    whose field would reach the exponent come from the word shifted right by 16.  The zero point (2**(BITS-1)
+    for signed codes, after an XOR to offset binary) is subtracted once per word as
+    ``zero * scale * sum(x over the word)``.  That is 3 instructions per element (LOP3, FFMA, FFMA).  Float codes
+    go through decode_float (the compiler folds the shift down and decode_float's shift up into one).
     Requires every word to lie in one scale group (GROUP_K a multiple of 32 // BITS, or >= K).
     """
     EPW: tl.constexpr = 32 // BITS
@@ -98,7 +102,8 @@ def dense_gemv_words_kernel(
     INT_PATH: tl.constexpr = not W_IS_FLOAT or ZERO_KIND != 0
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    m = tl.program_id(2)
+    offs_m = tl.program_id(2) * ROWS + tl.arange(0, ROWS)
+    mask_m = offs_m < M
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     pos = tl.arange(0, EPW) * BITS
@@ -111,19 +116,22 @@ def dense_gemv_words_kernel(
     rows_w = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
     rows_s = s_ptr + (offs_n[:, None] // GROUP_N).to(tl.int64) * stride_sn
     rows_z = z_ptr + (offs_n[:, None] // GROUP_N).to(tl.int64) * stride_zn
-    x_row = x_ptr + m.to(tl.int64) * stride_xm
-    acc = tl.zeros((EPW, BLOCK_N, BLOCK_W), dtype=tl.float32)
-    corr = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+    x_rows = x_ptr + offs_m.to(tl.int64) * stride_xm
+    if ROWS == 1:
+        acc = tl.zeros((EPW, BLOCK_N, BLOCK_W), dtype=tl.float32)
+    else:
+        acc = tl.zeros((ROWS, EPW, BLOCK_N, BLOCK_W), dtype=tl.float32)
+    corr = tl.zeros((ROWS, BLOCK_N, BLOCK_W), dtype=tl.float32)
     if PREFETCH:
-        words, s, xv = _word_tile(w_ptr, s_ptr, x_ptr, rows_w, rows_s, w_begin + tl.arange(0, BLOCK_W), mask_n,
-                                  w_end, x_row, K, stride_sk, EPW, GROUP_K)
+        words, s, xv = _word_tile(w_ptr, s_ptr, rows_w, rows_s, w_begin + tl.arange(0, BLOCK_W), mask_n, w_end,
+                                  x_rows, mask_m, K, stride_sk, EPW, GROUP_K)
     for w0 in range(w_begin, w_end, BLOCK_W):
         offs_w = w0 + tl.arange(0, BLOCK_W)
         if PREFETCH:  # issue the next tile's loads before decoding this one (Triton pipelines only tl.dot loads)
-            words_next, s_next, xv_next = _word_tile(w_ptr, s_ptr, x_ptr, rows_w, rows_s, offs_w + BLOCK_W, mask_n,
-                                                     w_end, x_row, K, stride_sk, EPW, GROUP_K)
+            words_next, s_next, xv_next = _word_tile(w_ptr, s_ptr, rows_w, rows_s, offs_w + BLOCK_W, mask_n, w_end,
+                                                     x_rows, mask_m, K, stride_sk, EPW, GROUP_K)
         else:
-            words, s, xv = _word_tile(w_ptr, s_ptr, x_ptr, rows_w, rows_s, offs_w, mask_n, w_end, x_row, K,
+            words, s, xv = _word_tile(w_ptr, s_ptr, rows_w, rows_s, offs_w, mask_n, w_end, x_rows, mask_m, K,
                                       stride_sk, EPW, GROUP_K)
         sf = decode_scales(s, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
         xf = xv.to(tl.float32)
@@ -137,21 +145,28 @@ def dense_gemv_words_kernel(
                 v = tl.fma(f, sf[None, :, :], -8388608.0 * sf[None, :, :])
             else:  # the interpreter's fma rounds the product: subtract first (exact), then scale
                 v = (f - 8388608.0) * sf[None, :, :]
-            acc += (xf * x_unscale)[:, None, :] * v
+            xu = xf * x_unscale
             if ZERO_KIND != 0:
                 mw = mask_n[:, None] & (offs_w[None, :] < w_end)
                 zero = tl.load(rows_z + ((offs_w * EPW) // GROUP_K)[None, :] * stride_zk, mask=mw, other=0)
-                corr += (zero.to(tl.float32) * sf) * tl.sum(xf, axis=0)[None, :]
+                corr += (zero.to(tl.float32) * sf)[None, :, :] * tl.sum(xf, axis=1)[:, None, :]
             elif flip:
-                corr += (1 << (BITS - 1)) * sf * tl.sum(xf, axis=0)[None, :]
+                corr += ((1 << (BITS - 1)) * sf)[None, :, :] * tl.sum(xf, axis=1)[:, None, :]
         else:
             codes = (words.to(tl.uint32, bitcast=True)[None, :, :] >> pos[:, None, None]) & MASK
             v = decode(codes.to(tl.int32, bitcast=True), BITS, W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS,
                        W_SPECIAL)
-            acc += xf[:, None, :] * (v * sf[None, :, :])
+            v = v * sf[None, :, :]
+            xu = xf
+        if ROWS == 1:
+            acc += tl.reshape(xu, (EPW, BLOCK_W))[:, None, :] * v
+        else:
+            acc += xu[:, :, None, :] * v[None, :, :, :]
         if PREFETCH:
             words, s, xv = words_next, s_next, xv_next
-    out = tl.sum(tl.sum(acc, axis=0), axis=1) - tl.sum(corr, axis=1)
-    offs_m = m + tl.arange(0, 1)
-    store_output(out[None, :], y_ptr, b_ptr, g_ptr, offs_m, offs_n, offs_m < M, N, stride_ym, SPLIT_K, HAS_BIAS,
-                 HAS_GLOBAL)
+    if ROWS == 1:
+        out = tl.reshape(tl.sum(tl.sum(acc, axis=0), axis=1), (1, BLOCK_N))
+    else:
+        out = tl.sum(tl.sum(acc, axis=1), axis=2)
+    out = out - tl.sum(corr, axis=2)
+    store_output(out, y_ptr, b_ptr, g_ptr, offs_m, offs_n, mask_m, N, stride_ym, SPLIT_K, HAS_BIAS, HAS_GLOBAL)

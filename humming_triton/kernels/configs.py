@@ -71,8 +71,8 @@ def heuristic(m: int, n: int, k: int, bits: int, num_sms: int = NUM_SMS_DEFAULT,
         split = 1
         while programs * split < 4 * num_sms and split * 2 <= max(1, k_tiles // 2):
             split *= 2
-        if bm == 1 and 32 % bits == 0:  # one activation row: the word-major GEMV (falls back where it cannot run)
-            return DenseConfig("gemv_words", 1, 4, 1024, split, num_warps=4, num_stages=1)
+        if 32 % bits == 0:  # the word-major GEMV, bm rows sharing each decoded tile (falls back where it cannot run)
+            return DenseConfig("gemv_words", bm, 4, max(128, 1024 // bm), split, num_warps=4, num_stages=1)
         return DenseConfig("gemv", bm, bn, bk, split, num_warps=4, num_stages=1)
     if m >= DEQUANT_MM_MIN_M:
         return DenseConfig("dequant_mm", 1, 32, 128)

@@ -73,7 +73,7 @@ def words_gemv_fits(bits: int, group_k: int, k: int) -> bool:
 def words_gemv_constexprs(common: dict, block_k: int, num_stages: int, bits: int, fused_fma: bool) -> dict:
     """The generic GEMV launch constexprs, rewritten for the word-major GEMV (K tiled in words, not codes)."""
     out = {key: v for key, v in common.items() if key not in ("BLOCK_M", "BLOCK_K", "EVEN_K")}
-    return {**out, "BLOCK_W": max(1, block_k // (32 // bits)), "PREFETCH": num_stages > 1, "FUSED_FMA": fused_fma}
+    return {**out, "ROWS": common["BLOCK_M"], "BLOCK_W": max(1, block_k // (32 // bits)), "PREFETCH": num_stages > 1, "FUSED_FMA": fused_fma}
 
 
 def _weight_args(qw: QuantWeight) -> tuple[tuple, dict]:
@@ -117,24 +117,128 @@ def triton_quantize_activation(x2: torch.Tensor, dtype: str = "e4m3fn", group_k:
     return codes, scales
 
 
+class _Launch:
+    """One cached kernel launch of a QuantWeight for one call signature (M, dtypes, strides, pointer alignment):
+    Triton's compiled kernel, its grid and its positional arguments with the per-call tensors (x, y, bias) as
+    slots.  Why: re-binding ~35 arguments through Triton's launcher, plus our config lookup, cost ~130 µs of
+    CPU per call against ~15 µs of GPU time for a decode GEMV (benchmarks/results/h200/overhead.txt)."""
+
+    __slots__ = ("kernel", "grid", "kwargs", "runner", "args", "slots", "m", "split", "out_dtype")
+
+    def __init__(self, kernel, grid, kwargs: dict, m: int, split: int, out_dtype: torch.dtype):
+        self.kernel, self.grid, self.kwargs = kernel, grid, kwargs
+        self.m, self.split, self.out_dtype = m, split, out_dtype
+        self.runner = None
+        names = kernel.arg_names  # every parameter, constexprs included: the order Triton's launcher takes
+        self.args = [kwargs.get(a) for a in names]
+        self.slots = tuple(names.index(a) for a in ("x_ptr", "y_ptr", "b_ptr"))
+
+    def __call__(self, x2: torch.Tensor, y: torch.Tensor, b: torch.Tensor) -> None:
+        if self.runner is not None:  # the compiled kernel, launched directly with the arguments bound once
+            args = list(self.args)
+            args[self.slots[0]], args[self.slots[1]], args[self.slots[2]] = x2, y, b
+            self.runner(*args)
+            return
+        compiled = self.kernel[self.grid](**{**self.kwargs, "x_ptr": x2, "y_ptr": y, "b_ptr": b})
+        if hasattr(compiled, "function"):  # a GPU compile (the interpreter returns no CompiledKernel)
+            self.runner = compiled[self.grid]
+
+
+def _alignment(t: torch.Tensor | None) -> int:
+    return -1 if t is None else t.data_ptr() % 16
+
+
 def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None,
                   out_dtype: torch.dtype | None = None, config: configs.DenseConfig | None = None,
                   out: torch.Tensor | None = None) -> torch.Tensor:
-    """``out`` (optional, ``[M, N]`` contiguous) receives the result; ``config`` overrides the lookup."""
+    """``out`` (optional, ``[M, N]`` contiguous) receives the result; ``config`` overrides the lookup.
+
+    The launch for a call signature is built once per QuantWeight (``qw.cache``) and replayed: the key holds
+    everything the compiled kernel was specialised on -- M, dtypes, strides, each pointer's 16-byte alignment."""
     n, k = qw.N, qw.K
     out_dtype = out.dtype if out is not None else (out_dtype or x.dtype)
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    slug, sms = device_facts(x.device)
-    if qw.scheme.act is not None:
-        cfg = config or configs.fp8_config(m, n, k, qw.scheme.scale.block_k, qw.scheme.act.group_k, sms,
-                                           str(qw.scheme.act.dtype))
-    else:
-        cfg = config or configs.choose(m, n, k, qw.scheme.bits, _format(qw)["GROUP_K"], slug, sms,
-                                       qw.scheme.name, qw.scheme.zero != "none")
     bias = qw.bias if bias is None else bias
+    key = (m, x2.dtype, out_dtype, x2.device, x2.stride(0), _alignment(x2), _alignment(bias),
+           None if bias is None else bias.dtype, None if out is None else (out.stride(0), _alignment(out)), config,
+           qw.data.data_ptr(), qw.scales.data_ptr())
+    launches = qw.cache.setdefault("triton_launches", {})
+    launch = launches.get(key)
+    if launch is None:
+        launch = _plan(x2, qw, bias, out_dtype, config, out.stride(0) if out is not None else n)
+        if launch is None:  # dequant_mm / quantized activations: not a single cached launch
+            return _linear_unplanned(x, x2, qw, bias, out_dtype, config, out)
+        if len(launches) >= 64:  # bounded: a server sees a handful of M values per weight
+            launches.clear()
+        launches[key] = launch
+    if launch.split == 1:
+        y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x.device)
+    else:
+        y = torch.zeros(m, n, dtype=torch.float32, device=x.device)
+    if m:
+        launch(x2, y, bias if bias is not None and launch.split == 1 else y)
+    if launch.split > 1:
+        if bias is not None:
+            y += bias.float()
+        y = out.copy_(y) if out is not None else y.to(out_dtype)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def _config(x2: torch.Tensor, qw: QuantWeight, config: configs.DenseConfig | None) -> configs.DenseConfig:
+    m, n, k = x2.shape[0], qw.N, qw.K
+    slug, sms = device_facts(x2.device)
+    if qw.scheme.act is not None:
+        return config or configs.fp8_config(m, n, k, qw.scheme.scale.block_k, qw.scheme.act.group_k, sms,
+                                            str(qw.scheme.act.dtype))
+    return config or configs.choose(m, n, k, qw.scheme.bits, _format(qw)["GROUP_K"], slug, sms, qw.scheme.name,
+                                    qw.scheme.zero != "none")
+
+
+def _plan(x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None, out_dtype: torch.dtype,
+          config: configs.DenseConfig | None, out_stride: int) -> _Launch | None:
+    """The weight-only launch (gemv / gemv_words / tiled) for this call signature; None for the other paths."""
+    cfg = _config(x2, qw, config)
+    if cfg.family == "dequant_mm" or qw.scheme.act is not None:
+        return None
+    m, n, k = x2.shape[0], qw.N, qw.K
+    fmt = _launch_format(qw, cfg.block_k)
+    (w, s, z, g), strides = _weight_args(qw)
+    split = cfg.split_k
+    stride_ym = out_stride if split == 1 else n  # split-K accumulates in a contiguous fp32 workspace
+    common = dict(M=m, N=n, K=k, stride_xm=x2.stride(0), stride_ym=stride_ym, BLOCK_M=cfg.block_m,
+                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, EVEN_K=k % cfg.block_k == 0,
+                  HAS_BIAS=bias is not None and split == 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                  **strides, **fmt)
+    tensors = dict(x_ptr=None, y_ptr=None, b_ptr=None, w_ptr=w, s_ptr=s, z_ptr=z, g_ptr=g)
+    family = cfg.family
+    if family == "gemv_words" and not words_gemv_fits(qw.scheme.bits, fmt["GROUP_K"], k):
+        family = "gemv"  # codes straddle words (3/5/6/7 bits) or a word spans two groups: the generic GEMV
+    if family == "gemv_words":
+        return _Launch(dense_gemv_words_kernel, (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m)),
+                       {**tensors, "magic": MAGIC_2_23, **words_gemv_constexprs(common, cfg.block_k, cfg.num_stages,
+                                                                               qw.scheme.bits, not interpreting())},
+                       m, split, out_dtype)
+    if family == "gemv":
+        return _Launch(dense_gemv_kernel, (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m)),
+                       {**tensors, **common}, m, split, out_dtype)
+    post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
+    return _Launch(dense_tiled_kernel, grid,
+                   {**tensors, "xs_ptr": w, "stride_xsm": 0, "ACT_KIND": 0, "ACT_GROUP_K": 1, "GROUP_M": cfg.group_m,
+                    "POST_SCALE": post, "DOT_F32": interpreting() or x2.dtype == torch.float32, **common},
+                   m, split, out_dtype)
+
+
+def _linear_unplanned(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None,
+                      out_dtype: torch.dtype, config: configs.DenseConfig | None,
+                      out: torch.Tensor | None) -> torch.Tensor:
+    """dequant_mm (any scheme) and the quantized-activation tile loop (fp8 / int8 activations)."""
+    n, k = qw.N, qw.K
+    m = x2.shape[0]
+    cfg = _config(x2, qw, config)
     if cfg.family == "dequant_mm":
         if qw.scheme.act is not None:  # quantize x as the scheme says, then run its dequantized values in x's dtype
             xq, xs = triton_quantize_activation(x2, str(qw.scheme.act.dtype), qw.scheme.act.group_k)
@@ -143,45 +247,28 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
         y = torch.nn.functional.linear(x2, w, None if bias is None else bias.to(x2.dtype))
         y = out.copy_(y) if out is not None else y.to(out_dtype)
         return y.reshape(*x.shape[:-1], n)
-
+    # fp8 / int8 tensor cores: quantize x first (the scales multiply partial products)
     fmt = _launch_format(qw, cfg.block_k)
+    post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
+    if not post:
+        raise ValueError(f"the quantized-activation path needs BLOCK_K ({cfg.block_k}) to divide the "
+                         f"weight group ({fmt['GROUP_K']}) of {qw.scheme.name}")
     (w, s, z, g), strides = _weight_args(qw)
     split = cfg.split_k
     if split == 1:
         y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x.device)
     else:
         y = torch.zeros(m, n, dtype=torch.float32, device=x.device)
-    common = dict(M=m, N=n, K=k, stride_xm=x2.stride(0), stride_ym=y.stride(0), BLOCK_M=cfg.block_m,
-                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, EVEN_K=k % cfg.block_k == 0,
-                  HAS_BIAS=bias is not None and split == 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                  **strides, **fmt)
+    act = qw.scheme.act
+    xq, xs = triton_quantize_activation(x2, str(act.dtype), act.group_k)
     b = bias if bias is not None else y
-    family = cfg.family
-    if family == "gemv_words" and not words_gemv_fits(qw.scheme.bits, fmt["GROUP_K"], k):
-        family = "gemv"  # codes straddle words (3/5/6/7 bits) or a word spans two groups: the generic GEMV
-    if family == "gemv_words":
-        dense_gemv_words_kernel[(triton.cdiv(n, cfg.block_n), split, m)](
-            x2, w, s, z, g, b, y, magic=MAGIC_2_23,
-            **words_gemv_constexprs(common, cfg.block_k, cfg.num_stages, qw.scheme.bits, not interpreting()))
-    elif family == "gemv":
-        grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))
-        dense_gemv_kernel[grid](x2, w, s, z, g, b, y, **common)
-    else:
-        post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
-        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
-        act = qw.scheme.act
-        if act is not None:  # fp8 / int8 tensor cores: quantize x first (the scales multiply partial products)
-            if not post:
-                raise ValueError(f"the quantized-activation path needs BLOCK_K ({cfg.block_k}) to divide the "
-                                 f"weight group ({fmt['GROUP_K']}) of {qw.scheme.name}")
-            xq, xs = triton_quantize_activation(x2, str(act.dtype), act.group_k)
-            a_args = dict(stride_xm=xq.stride(0), stride_xsm=xs.stride(0), ACT_KIND=ACT_KINDS[str(act.dtype)],
-                          ACT_GROUP_K=act.group_k or PER_TOKEN)
-            x2 = xq
-        else:
-            xs, a_args = x2, dict(stride_xsm=0, ACT_KIND=0, ACT_GROUP_K=1)
-        dense_tiled_kernel[grid](x2, w, s, z, g, b, y, xs, GROUP_M=cfg.group_m, POST_SCALE=post,
-                                 DOT_F32=interpreting() or x.dtype == torch.float32, **{**common, **a_args})
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
+    dense_tiled_kernel[grid](xq, w, s, z, g, b, y, xs, M=m, N=n, K=k, stride_xm=xq.stride(0), stride_ym=y.stride(0),
+                             stride_xsm=xs.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                             SPLIT_K=split, EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None and split == 1,
+                             GROUP_M=cfg.group_m, POST_SCALE=post, DOT_F32=interpreting(),
+                             ACT_KIND=ACT_KINDS[str(act.dtype)], ACT_GROUP_K=act.group_k or PER_TOKEN,
+                             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **strides, **fmt)
     if split > 1:
         if bias is not None:
             y += bias.float()

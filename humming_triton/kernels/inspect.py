@@ -113,23 +113,16 @@ def _compile(kern, consts: dict, ptrs: dict, ints: dict, num_warps: int, num_sta
     out = {"registers": int(re.search(r"REG:(\d+)", res).group(1)),
            "stack_bytes": int(re.search(r"STACK:(\d+)", res).group(1)), "shared_bytes": ck.metadata.shared}
     out.update({name: sass.count(op) for name, op in _SASS_COUNTS.items()})
+    out["loop_sass"] = _main_loop_size(sass)
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("scheme")
-    ap.add_argument("--shape", default="8192x8192", help="NxK")
-    ap.add_argument("--m", default="1,16,64,256")
-    args = ap.parse_args(argv)
-    n, k = map(int, args.shape.split("x"))
-    for m in map(int, args.m.split(",")):
-        try:
-            print(compile_report(args.scheme, m, n, k))
-        except ValueError as e:
-            print(f"M={m}: {e}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def _main_loop_size(sass: str) -> int:
+    """Instructions in the largest loop (a branch back to a lower address): the steady-state cost of one K
+    tile, the number to divide by a tile's elements per thread."""
+    best = 0
+    for at, target in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\d\s+)?BRA\s+0x([0-9a-f]+)", sass):
+        at, target = int(at, 16), int(target, 16)
+        if target < at:
+            best = max(best, (at - target) // 16 + 1)
+    return best
