@@ -10,21 +10,26 @@ from humming_triton.formats.activation import QuantActivation
 from humming_triton.testing import unit_roundoff, assert_linear_close, poison_like
 
 SCHEMES = ["w8a8-fp8", "w8a8-fp8-block", "w4a8-fp8", "w4a8-mxfp4", "weight=e2m1,scale=fp16:g64,act=e4m3fn/fp32:g64",
-           "w8a8-int8", "w4a8-int8", "weight=int8,scale=fp32:channel,act=int8/fp32:g128"]
+           "w8a8-int8", "w4a8-int8", "weight=int8,scale=fp32:channel,act=int8/fp32:g128",
+           "w4a4-mxfp4", "w4a4-nvfp4", "weight=int4,scale=fp16:g128,act=e2m1/e8m0:g32"]
 
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("scheme", ["w8a8-fp8", "w8a8-fp8-block", "w8a8-int8",
-                                    "weight=int8,scale=fp32:channel,act=int8/fp32:g128"])
+                                    "weight=int8,scale=fp32:channel,act=int8/fp32:g128", "w4a4-mxfp4", "w4a4-nvfp4"])
 def test_activation_quantizer_matches_reference(scheme, rng):
     from humming_triton.kernels.dense import triton_quantize_activation
     act = ht.QuantScheme.parse(scheme).act
     x = (torch.randn(37, 640, generator=rng) * 4).half()
     x[3] = 0  # an all-zero row keeps scale 1
     x[5, :7] = torch.tensor([1e-6, -2e-3, 448.0, -600.0, 1e4, 0.0, 3.0], dtype=torch.half)
-    codes, scales = triton_quantize_activation(x, str(act.dtype), act.group_k)
+    x[6, :32] = 1e-7  # a block of tiny values: the e4m3 block scale bottoms out at its smallest subnormal
+    q = triton_quantize_activation(x, act)
+    codes, scales = q.codes, q.scales
     ref = ht.quantize_activation(x, scheme)
     assert torch.equal(scales, ref.scales)
+    if act.global_scale:
+        assert torch.equal(q.global_scale, ref.global_scale)
     # code for code: the quotient is formed in float64 as in the reference (in fp32, fp16 inputs often land
     # exactly on an e4m3 midpoint and break the tie the other way: 3 of 384 codes, 1.4 % of the GEMM output)
     assert torch.equal(codes, ref.codes)
@@ -37,8 +42,24 @@ def test_activation_quantizer_breaks_near_ties_like_the_reference():
     x = torch.randn(1, 384, generator=g).half()  # x / s = 336.0000034 etc.: exact midpoints in fp32
     from humming_triton.kernels.dense import triton_quantize_activation
     for spec in ("e4m3fn/fp32:token", "int8/fp32:token"):
-        codes, _ = triton_quantize_activation(x, spec.split("/")[0], 0)
+        codes = triton_quantize_activation(x, ht.ActQuant.parse(spec)).codes
         assert torch.equal(codes, ht.quantize_activation(x, ht.ActQuant.parse(spec)).codes), spec
+
+
+@pytest.mark.interpret
+def test_e2m1_quantizer_ties_and_signs():
+    """Exact e2m1 midpoints round to the even code, saturation at 6, negatives rounding to zero keep -0: with
+    an e8m0 scale of 2**-3 (block amax 0.75 -> 0.75 / 6 = 2**-3) every quotient below is exact."""
+    from humming_triton.kernels.dense import triton_quantize_activation
+    q = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.1, -0.0, 0.1, -5.0, 4.5, 2.25, 1.9])
+    x = torch.cat([q, torch.zeros(16)]).reshape(1, 32) * 0.125
+    spec = ht.ActQuant.parse("e2m1/e8m0:g32")
+    got = triton_quantize_activation(x, spec)
+    assert got.scales.tolist() == [[124]]  # 2**-3
+    #          6  .25 .75 1.25 1.75 2.5 3.5  5  -.25 -.1 -0  .1  -5  4.5 2.25 1.9
+    expect = [7, 0, 2, 2, 4, 4, 6, 6, 8, 8, 0, 0, 14, 6, 4, 4] + [0] * 16
+    assert got.codes[0].tolist() == expect
+    assert torch.equal(got.codes, ht.quantize_activation(x, spec).codes)
 
 
 def _gemm_case(scheme, m, n, k, dtype, rng, device="cpu"):
@@ -48,8 +69,9 @@ def _gemm_case(scheme, m, n, k, dtype, rng, device="cpu"):
     out = poison_like(torch.empty(m, n, dtype=dtype, device=device))
     y = triton_linear(x, qw, out=out)
     act = qw.scheme.act
-    codes, scales = triton_quantize_activation(x, str(act.dtype), act.group_k)
-    x_hat = ht.dequantize_activation(QuantActivation(codes.cpu(), scales.cpu(), qw.scheme.act))
+    q = triton_quantize_activation(x, act)
+    x_hat = ht.dequantize_activation(QuantActivation(q.codes.cpu(), q.scales.cpu(), act,
+                                                     None if q.global_scale is None else q.global_scale.cpu()))
     qc = qw.to("cpu")
     w_hat = ht.dequantize_weight(qc)
     ref = (x_hat.double() @ w_hat.double().T + qc.bias.double())
@@ -83,7 +105,8 @@ def test_fp8_path_under_auto_and_names_what_it_cannot_do(monkeypatch):
     qw = ht.quantize_weight(torch.randn(16, 128), "w8a8-fp8")
     ht.quant_linear(torch.randn(2, 128), qw)
     assert ht.last_backend() == "triton"  # auto runs the kernels (here interpreted; verified on the H200)
-    for scheme, msg in [("w4a4-mxfp4", "e2m1"), ("w4a4-nvfp4", "e2m1"),
+    for scheme, msg in [("weight=e2m1,scale=e8m0:g32,act=e2m1/e8m0:token", "e2m1 with e8m0 block scales"),
+                        ("weight=e2m1,scale=e8m0:g32,act=e2m1/e4m3fn:g16", "e2m1 with e8m0 block scales"),
                         ("weight=int8,scale=fp32:channel,act=e4m3fn/fp32:token", "not exactly representable"),
                         ("weight=e2m1,scale=e8m0:g32,act=int8/fp32:token", "not exactly representable")]:
         q = ht.quantize_weight(torch.randn(16, 128), scheme)

@@ -104,8 +104,8 @@ def test_triton_dequantize_is_exact(fmt, rng):
 
 def test_unsupported_schemes_are_named(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    qw = ht.quantize_weight(torch.randn(16, 128), "w4a4-mxfp4")
-    with pytest.raises(RuntimeError, match="e2m1/e8m0:g32 has no Triton kernel yet"):
+    qw = ht.quantize_weight(torch.randn(16, 128), "weight=e2m1,scale=e8m0:g32,act=e2m1/e4m3fn:g16")
+    with pytest.raises(RuntimeError, match="e2m1/e4m3fn:g16 has no Triton kernel yet"):
         ht.quant_linear(torch.randn(2, 128), qw, backend="triton")
 
 
@@ -198,6 +198,7 @@ def test_launch_cache_keys(rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("preset", ["w4a16", "w4a16-asym", "mxfp4", "nvfp4", "w3a16", "w8a16"])
-def test_launch_replay_on_gpu(preset, rng):
+def test_launch_replay_on_gpu(preset, rng, monkeypatch):
+    monkeypatch.setenv("HUMMING_TRITON_LAUNCH_REPLAY", "1")
     launches = _launch_replay_case(preset, "cuda", rng)
     assert len(launches) == 5 and all(launch.runner is not None for launch in launches.values())

@@ -27,12 +27,19 @@ def supports(op: str, scheme: QuantScheme, dtype: torch.dtype) -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def fp8_path_reason(op: str, scheme: QuantScheme) -> str | None:
-    """The quantized-activation path: e4m3 or int8 activations (dynamic, per token or per group of K) with
+    """The quantized-activation paths: e4m3 or int8 activations (dynamic, per token or per group of K) with
     weights whose values are all exact in that type (int4/e2m1/e4m3 in e4m3; int1-8 in int8), no zero point,
-    weight groups of >= 32."""
+    weight groups of >= 32; e2m1 activations (MX / NV block scales) with any weight."""
     a = scheme.act
     if op != "quant_linear":
         return f"no Triton {op} for activation-quantized schemes yet"
+    if str(a.dtype) == "e2m1":  # W4A4: the e2m1 quantizer, then dequantize both operands for cuBLAS (dequant_mm)
+        mx = str(a.scale_dtype) == "e8m0" and not a.global_scale
+        nv = str(a.scale_dtype) == "e4m3fn" and a.global_scale
+        if not a.group_k or not (mx or nv):
+            return f"activation quantization {a} has no Triton kernel yet (e2m1 with e8m0 block scales, or e4m3 " \
+                   f"block scales and a global scale)"
+        return None
     if str(a.dtype) not in ("e4m3fn", "int8") or str(a.scale_dtype) != "fp32" or a.static or a.global_scale \
             or not a.per_token:
         return f"activation quantization {a} has no Triton kernel yet (e4m3 / int8 with fp32 per-token or group " \

@@ -1,9 +1,12 @@
-"""Dynamic activation quantization to e4m3 or int8 (per token or per group of K), the prologue of the fp8 /
-int8 GEMM paths.
+"""Dynamic activation quantization (per token or per group of K), the prologue of the quantized-activation
+GEMM paths: e4m3 or int8 codes with fp32 scales, and e2m1 codes (W4A4) with e8m0 (MX) or e4m3 + fp32 global
+(NV) block scales.
 
 Matches ``formats.activation.quantize_activation`` code for code: ``s = amax / qmax`` rounded to fp32 (1 for an
 all-zero group; qmax 448 for e4m3, 127 for int8), ``code = round-to-nearest-even(x / s)`` with the quotient in
-float64 as the reference has it, saturating.  e4m3 rounding is done on the float64 bits (3 mantissa bits kept; a
+float64 as the reference has it, saturating.  e2m1 (qmax 6): the ideal scale amax / 6 (/ global) in float64,
+rounded up to a power of two (e8m0: the exact ceil(log2), read off the float64 bits) or to the nearest e4m3
+(at least its smallest subnormal); the quotient divides by that scale times the global.  e4m3 rounding is done on the float64 bits (3 mantissa bits kept; a
 2**-9 quantum below 2**-6) so that the final conversion to fp8 is exact everywhere -- the Triton interpreter's own
 float -> fp8 conversion does not round to nearest.
 """
@@ -27,9 +30,46 @@ def round_to_e4m3(v):
 
 
 @triton.jit
-def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, stride_sm,
-                     KIND: tl.constexpr, GROUP_K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program (row, group): GROUP_K columns of one row (the whole row for per-token, walked BLOCK_K at a time)."""
+def e4m3_code(v):
+    """The e4m3fn code of a non-negative float64 value on the e4m3 grid."""
+    bits = v.to(tl.int64, bitcast=True)
+    normal = ((((bits >> 52) & 2047) - 1016) << 3) | ((bits >> 49) & 7)  # biased exponent (bias 7), 3 bits
+    return tl.where(v < 0.015625, v * 512.0, normal.to(tl.float64)).to(tl.int32)
+
+
+@triton.jit
+def round_to_e2m1(q):
+    """float64 quotient -> the e2m1 code (ties to even, saturating at 6; negatives that round to 0 keep -0)."""
+    a = tl.minimum(tl.abs(q), 8.0)
+    big = 6755399441055744.0  # 1.5 * 2**52: adding and subtracting it rounds to an integer, ties to even
+    r = tl.where(a < 2.0, ((a * 2.0 + big) - big) * 0.5,
+                 tl.where(a < 4.0, (a + big) - big, ((a * 0.5 + big) - big) * 2.0))
+    r = tl.minimum(r, 6.0)
+    mag = tl.where(r < 2.0, r * 2.0, tl.where(r < 4.0, r + 2.0, r * 0.5 + 4.0)).to(tl.int32)
+    return tl.where(q < 0, mag | 8, mag)
+
+
+@triton.jit
+def e2m1_scale(a, gs, SCALE_KIND: tl.constexpr):
+    """Block amax (fp32) -> (stored scale code, effective float64 divisor) of an e2m1 block."""
+    ideal = a.to(tl.float64) / 6.0
+    if SCALE_KIND == 2:
+        ideal = ideal / gs
+    ideal = tl.where(ideal > 0, ideal, 1.0)
+    if SCALE_KIND == 1:  # e8m0: 2**ceil(log2(ideal)), exact: the exponent, plus one if any mantissa bit is set
+        bits = ideal.to(tl.int64, bitcast=True)
+        e = ((bits >> 52) & 2047) - 1023 + ((bits & 4503599627370495) != 0).to(tl.int64)
+        e = tl.minimum(tl.maximum(e, -127), 127)
+        return (e + 127).to(tl.int32), ((e + 1023) << 52).to(tl.float64, bitcast=True)
+    sval = round_to_e4m3(tl.minimum(tl.maximum(ideal, 0.001953125), 448.0))  # never below the smallest subnormal
+    return e4m3_code(sval), sval * gs
+
+
+@triton.jit
+def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_cm, stride_sm,
+                     KIND: tl.constexpr, SCALE_KIND: tl.constexpr, GROUP_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program (row, group): GROUP_K columns of one row (the whole row for per-token, walked BLOCK_K at a time).
+    KIND 1 e4m3 / 2 int8 (fp32 scales) / 3 e2m1; SCALE_KIND 0 fp32, 1 e8m0, 2 e4m3 times the global at gs_ptr."""
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     k_begin = g * GROUP_K
@@ -39,16 +79,26 @@ def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, stri
         x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
     a = tl.max(amax, axis=0)
-    QMAX: tl.constexpr = 448.0 if KIND == 1 else 127.0
-    # IEEE division (div_rn): "/" on fp32 compiles to an approximate division on the GPU; the reference rounds
-    # amax / qmax to fp32 exactly
-    s = tl.where(a > 0, tl.div_rn(a, QMAX), 1.0)
-    tl.store(scales_ptr + row * stride_sm + g, s)
+    if KIND == 3:
+        gs = 1.0
+        if SCALE_KIND == 2:
+            gs = tl.load(gs_ptr).to(tl.float64)
+        code, eff = e2m1_scale(a, gs, SCALE_KIND)
+        tl.store(scales_ptr + row * stride_sm + g, code.to(tl.uint8))
+    else:
+        QMAX: tl.constexpr = 448.0 if KIND == 1 else 127.0
+        # IEEE division (div_rn): "/" on fp32 compiles to an approximate division on the GPU; the reference
+        # rounds amax / qmax to fp32 exactly
+        s = tl.where(a > 0, tl.div_rn(a, QMAX), 1.0)
+        tl.store(scales_ptr + row * stride_sm + g, s)
+        eff = s.to(tl.float64)
     for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float64)
-        q = x / s.to(tl.float64)  # exact enough: float64 division is IEEE on the GPU, as in the reference
-        if KIND == 1:
+        q = x / eff  # float64 division is IEEE on the GPU, as in the reference
+        if KIND == 3:
+            c = round_to_e2m1(q).to(tl.uint8)
+        elif KIND == 1:
             c = round_to_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0)).to(tl.float32)
             c = c.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         else:  # int8: 1.5 * 2**52 rounds to an integer, ties to even; saturate to [-128, 127]

@@ -129,7 +129,7 @@ def fp8_config(m: int, n: int, k: int, weight_group_k: int, act_group_k: int,
     32-wide K tile, while 16-row tiles matched (scripts/fp8_probe.py) -- and 16-row tiles re-decode the weight
     per row tile (16 ms at M = 4096), so above M = 16 the fp8 schemes dequantize both operands and run cuBLAS
     (``dequant_mm``; bf16/fp16 products instead of exact fp8 ones).  int8 wgmma is exact and fast."""
-    if m > 16 and act_dtype != "int8":
+    if (m > 16 and act_dtype != "int8") or act_dtype == "e2m1":  # e2m1 (W4A4): no tile loop yet
         return DenseConfig("dequant_mm", 1, 32, 128)
     bk = 128
     for g in (weight_group_k, act_group_k):

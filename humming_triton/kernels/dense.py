@@ -14,12 +14,15 @@ constexprs are computed once per QuantWeight and cached on it.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
 
 from ..dispatch import interpreting
 from ..formats.activation import QuantActivation, dequantize_activation
+from ..formats.quantize import positive_qmax
+from ..formats.scheme import ActQuant
 from ..formats.weight import QuantWeight
 from . import configs
 from ._dense_gemv import dense_gemv_kernel, dense_gemv_words_kernel
@@ -99,29 +102,46 @@ def triton_dequantize(qw: QuantWeight, dtype: torch.dtype = torch.float32, block
     return out
 
 
-ACT_KINDS = {"e4m3fn": 1, "int8": 2}  # the activation element types with a Triton GEMM path
+ACT_KINDS = {"e4m3fn": 1, "int8": 2, "e2m1": 3}  # the activation element types the quantizer writes
+ACT_SCALE_KINDS = {"fp32": 0, "e8m0": 1, "e4m3fn": 2}
 
 
-def triton_quantize_activation(x2: torch.Tensor, dtype: str = "e4m3fn", group_k: int = 0
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x [M, K]`` -> (codes uint8 [M, K] -- e4m3 or two's-complement int8 bytes --, fp32 scales [M, groups]);
-    group_k 0 = per token."""
+def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: torch.Tensor | None = None
+                               ) -> QuantActivation:
+    """``x [M, K]`` -> its ``QuantActivation`` (codes uint8 [M, K]: e4m3 / two's-complement int8 / e2m1;
+    scales [M, groups]: fp32, or e8m0 / e4m3 codes), as ``formats.activation.quantize_activation`` makes it.
+    NV's global scale is amax(x) / (6 * 448) per call, or the calibrated ``input_scale`` when the spec is static."""
     m, k = x2.shape
-    g = group_k or k
+    g = spec.group_k or k
     codes = torch.empty(m, k, dtype=torch.uint8, device=x2.device)
-    scales = torch.empty(m, -(-k // g), dtype=torch.float32, device=x2.device)
+    wide = str(spec.scale_dtype) == "fp32"
+    scales = torch.empty(m, -(-k // g), dtype=torch.float32 if wide else torch.uint8, device=x2.device)
+    gscale = None
+    if spec.global_scale:  # the reference's formula, in the same float64 steps
+        if input_scale is not None:
+            gscale = input_scale.to(device=x2.device, dtype=torch.float32).reshape(())
+        else:
+            amax = x2.abs().amax().double() if x2.numel() else torch.zeros((), dtype=torch.float64, device=x2.device)
+            gscale = (amax / (positive_qmax(spec.dtype) * spec.scale_dtype.finite_max())).clamp(min=1e-30).float()
     if m:
         block = min(1024, triton.next_power_of_2(g))
-        act_quant_kernel[(m, scales.shape[1])](x2, codes, scales, k, x2.stride(0), codes.stride(0),
-                                               scales.stride(0), KIND=ACT_KINDS[dtype], GROUP_K=g, BLOCK_K=block)
-    return codes, scales
+        act_quant_kernel[(m, scales.shape[1])](
+            x2, codes, scales, gscale if gscale is not None else scales, k, x2.stride(0), codes.stride(0),
+            scales.stride(0), KIND=ACT_KINDS[str(spec.dtype)], SCALE_KIND=ACT_SCALE_KINDS[str(spec.scale_dtype)],
+            GROUP_K=g, BLOCK_K=block)
+    return QuantActivation(codes, scales, spec, gscale)
 
 
 class _Launch:
     """One cached kernel launch of a QuantWeight for one call signature (M, dtypes, strides, pointer alignment):
     Triton's compiled kernel, its grid and its positional arguments with the per-call tensors (x, y, bias) as
     slots.  Why: re-binding ~35 arguments through Triton's launcher, plus our config lookup, cost ~130 µs of
-    CPU per call against ~15 µs of GPU time for a decode GEMV (benchmarks/results/h200/overhead.txt)."""
+    CPU per call against ~15 µs of GPU time for a decode GEMV (benchmarks/results/h200/overhead.txt).
+
+    Our own per-call work (config lookup, argument assembly) is always cached.  Replaying Triton's compiled
+    kernel directly (``CompiledKernel[grid](*args)``, skipping its binder) is opt-in with
+    ``HUMMING_TRITON_LAUNCH_REPLAY=1`` until it has been verified on a GPU (tests/test_dense_kernels.py:
+    test_launch_replay_on_gpu)."""
 
     __slots__ = ("kernel", "grid", "kwargs", "runner", "args", "slots", "m", "split", "out_dtype")
 
@@ -140,8 +160,8 @@ class _Launch:
             self.runner(*args)
             return
         compiled = self.kernel[self.grid](**{**self.kwargs, "x_ptr": x2, "y_ptr": y, "b_ptr": b})
-        if hasattr(compiled, "function"):  # a GPU compile (the interpreter returns no CompiledKernel)
-            self.runner = compiled[self.grid]
+        if hasattr(compiled, "function") and os.environ.get("HUMMING_TRITON_LAUNCH_REPLAY", "0") == "1":
+            self.runner = compiled[self.grid]  # a GPU compile (the interpreter returns no CompiledKernel)
 
 
 def _alignment(t: torch.Tensor | None) -> int:
@@ -241,8 +261,8 @@ def _linear_unplanned(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: 
     cfg = _config(x2, qw, config)
     if cfg.family == "dequant_mm":
         if qw.scheme.act is not None:  # quantize x as the scheme says, then run its dequantized values in x's dtype
-            xq, xs = triton_quantize_activation(x2, str(qw.scheme.act.dtype), qw.scheme.act.group_k)
-            x2 = dequantize_activation(QuantActivation(xq, xs, qw.scheme.act)).to(x2.dtype)
+            q = triton_quantize_activation(x2, qw.scheme.act, qw.input_scale)
+            x2 = dequantize_activation(q).to(x2.dtype)
         w = triton_dequantize(qw, x2.dtype, cfg.block_n, cfg.block_k)
         y = torch.nn.functional.linear(x2, w, None if bias is None else bias.to(x2.dtype))
         y = out.copy_(y) if out is not None else y.to(out_dtype)
@@ -260,7 +280,8 @@ def _linear_unplanned(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: 
     else:
         y = torch.zeros(m, n, dtype=torch.float32, device=x.device)
     act = qw.scheme.act
-    xq, xs = triton_quantize_activation(x2, str(act.dtype), act.group_k)
+    q = triton_quantize_activation(x2, act)
+    xq, xs = q.codes, q.scales
     b = bias if bias is not None else y
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
     dense_tiled_kernel[grid](xq, w, s, z, g, b, y, xs, M=m, N=n, K=k, stride_xm=xq.stride(0), stride_ym=y.stride(0),
