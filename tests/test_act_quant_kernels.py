@@ -77,8 +77,10 @@ def _gemm_case(scheme, m, n, k, dtype, rng, device="cpu"):
     ref = (x_hat.double() @ w_hat.double().T + qc.bias.double())
     # fp8 x fp8 products are exact in fp32 (int8 x int8 in int32): only accumulation and output rounding remain;
     # the large-M fp8 path (dequant_mm) rounds both dequantized operands to x's dtype for cuBLAS instead
-    cfg = configs.fp8_config(m, n, k, qw.scheme.scale.block_k, act.group_k, act_dtype=str(act.dtype))
-    mma = dtype if cfg.family == "dequant_mm" else torch.float32
+    from humming_triton.kernels.dense import act_config
+    cfg = act_config(m, n, k, qw.scheme)
+    # e2m1 activations (W4A4) meet the scaled weight in a bf16 MMA: the weight is rounded to bf16 there
+    mma = dtype if cfg.family == "dequant_mm" else torch.bfloat16 if str(act.dtype) == "e2m1" else torch.float32
     assert_linear_close(y.cpu(), ref, x_hat, w_hat, mma, f"{scheme} M={m} ({cfg.family})")
     # end to end against the reference's own quantization: the codes are identical, so only the output
     # rounding (and, on the dequant_mm route, operand rounding to x's dtype) is left
@@ -98,6 +100,14 @@ def test_fp8_gemm_interpreted(scheme, m, rng):
 def test_fp8_large_m_path_bf16(rng):
     """The dequant_mm route of the fp8 schemes (M > 16) with bf16 activations and grouped activation scales."""
     _gemm_case("weight=e4m3fn,scale=fp32:channel,act=e4m3fn/fp32:g128", 40, 24, 384, torch.bfloat16, rng)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("scheme,m,k,dtype", [("w4a4-nvfp4", 5, 416, torch.bfloat16),  # K tail: 416 = 3 * 128 + 32
+                                              ("weight=int4,scale=fp16:g32,act=e2m1/e8m0:g32", 3, 288, torch.float16),
+                                              ("w4a4-mxfp4", 520, 96, torch.float16)])  # M >= 512: dequant_mm
+def test_w4a4_odd_shapes(scheme, m, k, dtype, rng):
+    _gemm_case(scheme, m, 24, k, dtype, rng)
 
 
 def test_fp8_path_under_auto_and_names_what_it_cannot_do(monkeypatch):

@@ -10,7 +10,7 @@ at mid M, SPLIT_K programs share an output tile (fp32 atomics) so that enough pr
 import triton
 import triton.language as tl
 
-from .decode import decode_scales, dequant_tile, load_group_params, store_output
+from .decode import broadcast_groups, decode_float, decode_scales, dequant_tile, load_group_params, store_output
 
 
 @triton.jit
@@ -28,7 +28,10 @@ def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, stride_wn, stride_
 
     ACT_KIND 1 (e4m3) / 2 (int8): x rows hold activation codes with fp32 scales at ``xs_rows`` (one per
     ACT_GROUP_K columns); the weight codes' values are exact in that type (int4/e2m1/e4m3 in e4m3, int4/int8 in
-    int8), so both operands feed an fp8 / int8 MMA and both scales multiply the partial product (POST_SCALE)."""
+    int8), so both operands feed an fp8 / int8 MMA and both scales multiply the partial product (POST_SCALE).
+    ACT_KIND 3 (e2m1 codes, e8m0 block scales) / 4 (e2m1, e4m3 block scales): x is decoded times its block
+    scale in registers -- exact in bf16 (at most 6 significant bits) -- and meets the scaled weight in a bf16
+    MMA (the global scales are the caller's, in the epilogue)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in range(t_begin, t_end):
         k0 = t * BLOCK_K
@@ -47,6 +50,19 @@ def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, stride_wn, stride_
         elif ACT_KIND == 2:
             part = tl.dot(x.to(tl.int8, bitcast=True), tl.trans(w.to(tl.int8))).to(tl.float32)
             part = part * tl.load(xs_rows + k0 // ACT_GROUP_K, mask=mask_m, other=0.0)
+        elif ACT_KIND >= 3:
+            GROUPS: tl.constexpr = BLOCK_K // ACT_GROUP_K
+            g = k0 // ACT_GROUP_K + tl.arange(0, GROUPS)
+            sc = tl.load(xs_rows + g[None, :], mask=mask_m & (g[None, :] < K // ACT_GROUP_K), other=0).to(tl.int32)
+            if ACT_KIND == 3:
+                sv = decode_float(sc, 8, 0, 127, False, 3)
+            else:
+                sv = decode_float(sc, 4, 3, 7, False, 1)
+            xv = decode_float(x.to(tl.int32), 2, 1, 1, True, 0) * broadcast_groups(sv, BLOCK_M, BLOCK_K, ACT_GROUP_K)
+            if DOT_F32:
+                part = tl.dot(xv, tl.trans(w.to(tl.bfloat16).to(tl.float32)), input_precision="ieee")
+            else:
+                part = tl.dot(xv.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
         else:
             wt = tl.trans(w.to(x.dtype))
             if DOT_F32:  # the interpreter multiplies bf16 bit patterns: upcast (after the same rounding)

@@ -120,7 +120,8 @@ def grouped_tiles(rows: int, experts: int, bits: int, zero_point: bool) -> tuple
 
 
 def fp8_config(m: int, n: int, k: int, weight_group_k: int, act_group_k: int,
-               num_sms: int = NUM_SMS_DEFAULT, act_dtype: str = "e4m3fn") -> DenseConfig:
+               num_sms: int = NUM_SMS_DEFAULT, act_dtype: str = "e4m3fn", weight_exact_bf16: bool = True
+               ) -> DenseConfig:
     """Tiled config for the fp8 / int8 (activation-quantized) path: both scales multiply partial products, so
     BLOCK_K must divide the weight group and the activation group (fp8 MMAs need K tiles of at least 32).
 
@@ -128,8 +129,22 @@ def fp8_config(m: int, n: int, k: int, weight_group_k: int, act_group_k: int,
     not accumulate exactly in fp32 -- ~1 % of outputs came out 2-3x past the exact-product tolerance, even with a
     32-wide K tile, while 16-row tiles matched (scripts/fp8_probe.py) -- and 16-row tiles re-decode the weight
     per row tile (16 ms at M = 4096), so above M = 16 the fp8 schemes dequantize both operands and run cuBLAS
-    (``dequant_mm``; bf16/fp16 products instead of exact fp8 ones).  int8 wgmma is exact and fast."""
-    if (m > 16 and act_dtype != "int8") or act_dtype == "e2m1":  # e2m1 (W4A4): no tile loop yet
+    (``dequant_mm``; bf16/fp16 products instead of exact fp8 ones).  int8 wgmma is exact and fast.
+    e2m1 activations (W4A4) run the WnA16 tiles with the activations decoded to bf16 in registers
+    (``weight_exact_bf16``: whether every code times its scale is exact in bf16)."""
+    if act_dtype == "e2m1":  # W4A4: the bf16 tile loop on decoded activations, where WnA16 would tile
+        cfg = heuristic(max(m, GEMV_MAX_M + 1), n, k, 4, num_sms)
+        if cfg.family == "dequant_mm":
+            return cfg
+        bk = max(fit_block_k(cfg.block_k, weight_group_k or k, k, 4), act_group_k)
+        if not weight_exact_bf16 and weight_group_k and act_group_k <= weight_group_k < min(bk, k):
+            # code * scale is not exact in bf16 (e.g. fp16 scales): one weight group per K tile, so the scale
+            # multiplies the fp32 partial product and the MMA sees the exact codes
+            bk = weight_group_k & -weight_group_k
+        fits = bk % act_group_k == 0 and (not weight_group_k or weight_group_k >= k or weight_group_k % bk == 0
+                                          or bk % weight_group_k == 0)
+        return replace(cfg, block_k=bk) if fits else DenseConfig("dequant_mm", 1, 32, 128)
+    if m > 16 and act_dtype != "int8":
         return DenseConfig("dequant_mm", 1, 32, 128)
     bk = 128
     for g in (weight_group_k, act_group_k):

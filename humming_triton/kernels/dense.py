@@ -21,8 +21,9 @@ import triton
 
 from ..dispatch import interpreting
 from ..formats.activation import QuantActivation, dequantize_activation
+from ..formats.dtypes import FloatType, WideFloat
 from ..formats.quantize import positive_qmax
-from ..formats.scheme import ActQuant
+from ..formats.scheme import ActQuant, QuantScheme
 from ..formats.weight import QuantWeight
 from . import configs
 from ._dense_gemv import dense_gemv_kernel, dense_gemv_words_kernel
@@ -211,10 +212,26 @@ def _config(x2: torch.Tensor, qw: QuantWeight, config: configs.DenseConfig | Non
     m, n, k = x2.shape[0], qw.N, qw.K
     slug, sms = device_facts(x2.device)
     if qw.scheme.act is not None:
-        return config or configs.fp8_config(m, n, k, qw.scheme.scale.block_k, qw.scheme.act.group_k, sms,
-                                            str(qw.scheme.act.dtype))
+        return config or act_config(m, n, k, qw.scheme, sms)
     return config or configs.choose(m, n, k, qw.scheme.bits, _format(qw)["GROUP_K"], slug, sms, qw.scheme.name,
                                     qw.scheme.zero != "none")
+
+
+def _significant_bits(t) -> int:
+    """Bits of precision a value of element/scale type ``t`` can need (implicit bit included)."""
+    if isinstance(t, WideFloat):
+        return {"fp32": 24, "fp16": 11, "bf16": 8}[t.name]
+    if isinstance(t, FloatType):
+        return 1 if t.special == "e8m0" else t.man + 1
+    return t.bits  # integer codes (a zero point can add the sign)
+
+
+def act_config(m: int, n: int, k: int, scheme: QuantScheme, num_sms: int = configs.NUM_SMS_DEFAULT
+               ) -> configs.DenseConfig:
+    """The launch config of an activation-quantized scheme (configs.fp8_config with the scheme's facts)."""
+    exact = _significant_bits(scheme.weight) + _significant_bits(scheme.scale.dtype) <= 8 and scheme.zero == "none"
+    return configs.fp8_config(m, n, k, scheme.scale.block_k, scheme.act.group_k, num_sms, str(scheme.act.dtype),
+                              exact)
 
 
 def _plan(x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None, out_dtype: torch.dtype,
@@ -255,7 +272,7 @@ def _plan(x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None, out_dtyp
 def _linear_unplanned(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None,
                       out_dtype: torch.dtype, config: configs.DenseConfig | None,
                       out: torch.Tensor | None) -> torch.Tensor:
-    """dequant_mm (any scheme) and the quantized-activation tile loop (fp8 / int8 activations)."""
+    """dequant_mm (any scheme) and the quantized-activation tile loop (fp8 / int8 / e2m1 activations)."""
     n, k = qw.N, qw.K
     m = x2.shape[0]
     cfg = _config(x2, qw, config)
@@ -267,10 +284,12 @@ def _linear_unplanned(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: 
         y = torch.nn.functional.linear(x2, w, None if bias is None else bias.to(x2.dtype))
         y = out.copy_(y) if out is not None else y.to(out_dtype)
         return y.reshape(*x.shape[:-1], n)
-    # fp8 / int8 tensor cores: quantize x first (the scales multiply partial products)
+    # fp8 / int8 tensor cores (the scales multiply partial products), or e2m1 activations decoded to bf16
+    act = qw.scheme.act
+    kind = ACT_KINDS[str(act.dtype)] + (str(act.scale_dtype) == "e4m3fn")  # e2m1: 3 (e8m0 scales), 4 (e4m3)
     fmt = _launch_format(qw, cfg.block_k)
     post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
-    if not post:
+    if not post and kind < 3:
         raise ValueError(f"the quantized-activation path needs BLOCK_K ({cfg.block_k}) to divide the "
                          f"weight group ({fmt['GROUP_K']}) of {qw.scheme.name}")
     (w, s, z, g), strides = _weight_args(qw)
@@ -279,17 +298,20 @@ def _linear_unplanned(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: 
         y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x.device)
     else:
         y = torch.zeros(m, n, dtype=torch.float32, device=x.device)
-    act = qw.scheme.act
-    q = triton_quantize_activation(x2, act)
-    xq, xs = q.codes, q.scales
+    q = triton_quantize_activation(x2, act, qw.input_scale)
+    has_global = fmt["HAS_GLOBAL"]
+    if q.global_scale is not None:  # NV activations: both global scales multiply the accumulator once
+        g = q.global_scale * qw.global_scale if has_global else q.global_scale.reshape(1)
+        has_global = True
     b = bias if bias is not None else y
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
-    dense_tiled_kernel[grid](xq, w, s, z, g, b, y, xs, M=m, N=n, K=k, stride_xm=xq.stride(0), stride_ym=y.stride(0),
-                             stride_xsm=xs.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                             SPLIT_K=split, EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None and split == 1,
-                             GROUP_M=cfg.group_m, POST_SCALE=post, DOT_F32=interpreting(),
-                             ACT_KIND=ACT_KINDS[str(act.dtype)], ACT_GROUP_K=act.group_k or PER_TOKEN,
-                             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **strides, **fmt)
+    dense_tiled_kernel[grid](q.codes, w, s, z, g, b, y, q.scales, M=m, N=n, K=k, stride_xm=q.codes.stride(0),
+                             stride_ym=y.stride(0), stride_xsm=q.scales.stride(0), BLOCK_M=cfg.block_m,
+                             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, EVEN_K=k % cfg.block_k == 0,
+                             HAS_BIAS=bias is not None and split == 1, GROUP_M=cfg.group_m, POST_SCALE=post,
+                             DOT_F32=interpreting(), ACT_KIND=kind, ACT_GROUP_K=act.group_k or PER_TOKEN,
+                             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **strides,
+                             **{**fmt, "HAS_GLOBAL": has_global})
     if split > 1:
         if bias is not None:
             y += bias.float()

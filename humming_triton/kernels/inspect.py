@@ -40,7 +40,8 @@ def compile_report(scheme: str, m: int, n: int, k: int, cfg: configs.DenseConfig
     s = QuantScheme.parse(scheme)
     fmt = format_constexprs(s, n, k)
     if s.act is not None:
-        cfg = cfg or configs.fp8_config(m, n, k, s.scale.block_k, s.act.group_k, act_dtype=str(s.act.dtype))
+        from .dense import act_config
+        cfg = cfg or act_config(m, n, k, s)
     cfg = cfg or configs.choose(m, n, k, s.bits, fmt["GROUP_K"], zero_point=s.zero != "none")
     if cfg.family == "dequant_mm":
         raise ValueError("dequant_mm runs the dequantize kernel and cuBLAS; inspect a gemv or tiled config")
@@ -59,12 +60,16 @@ def compile_report(scheme: str, m: int, n: int, k: int, cfg: configs.DenseConfig
     else:
         kern = dense_tiled_kernel
         post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
-        consts.update(GROUP_M=cfg.group_m, POST_SCALE=post, DOT_F32=False,
-                      ACT_KIND={"e4m3fn": 1, "int8": 2}[str(s.act.dtype)] if s.act is not None else 0,
+        kind = 0
+        if s.act is not None:
+            from .dense import ACT_KINDS
+            kind = ACT_KINDS[str(s.act.dtype)] + (str(s.act.scale_dtype) == "e4m3fn")
+        consts.update(GROUP_M=cfg.group_m, POST_SCALE=post, DOT_F32=False, ACT_KIND=kind,
                       ACT_GROUP_K=(s.act.group_k or 1 << 30) if s.act is not None else 1)
-        ptrs["xs_ptr"] = "*fp32"
+        ptrs["xs_ptr"] = "*u8" if kind >= 3 else "*fp32"
         if s.act is not None:
             ptrs["x_ptr"] = "*u8"
+            consts["HAS_GLOBAL"] = consts["HAS_GLOBAL"] or s.act.global_scale
     out = _compile(kern, consts, ptrs, dict(M=m, N=n, K=k, stride_xm=k, stride_wn=(k * s.bits + 31) // 32,
                                              stride_ym=n), cfg.num_warps, cfg.num_stages, arch)
     return {"scheme": s.name, "M": m, "N": n, "K": k, **asdict(cfg), **out}
