@@ -13,6 +13,12 @@ logical shape as ints, and rebuilds the QuantWeight inside.  The rebuilt object 
 throw that away.  A cache hit costs a few attribute reads; validation runs only on a miss (new weight, or one
 changed in place, e.g. by ``load_state_dict``).
 
+The ops are defined on a ``torch.library.Library`` with one CompositeExplicitAutograd kernel each (schema
+inferred from the annotations, fake implementations via ``register_fake``) rather than with
+``torch.library.custom_op``: the latter wraps every call in Python that re-checks output aliasing, which cost
+more host time than the decode GEMM takes on the GPU (benchmarks/results/h200/overhead.txt).  No autograd: these
+are inference ops (an output has no grad_fn).
+
 The modules in ``humming_triton.nn`` call these ops; ``ht.quant_linear`` & co. stay plain Python functions.
 """
 from __future__ import annotations
@@ -33,6 +39,20 @@ __all__ = ["quant_linear_op", "grouped_linear_op", "fused_moe_op", "quantize_act
 _Tensor = torch.Tensor
 _OptT = Optional[torch.Tensor]
 _CACHE_ATTR = "_humming_triton_qw"
+_LIB = torch.library.Library("humming_triton", "DEF")
+
+
+def _define(name: str):
+    """Register the decorated function as ``humming_triton::<name>``; returns the op (callable)."""
+    def register(fn):
+        _LIB.define(name + torch.library.infer_schema(fn, mutates_args=()))
+        _LIB.impl(name, fn, "CompositeExplicitAutograd")
+        return getattr(torch.ops.humming_triton, name)
+    return register
+
+
+def _fake(name: str):
+    return torch.library.register_fake(f"humming_triton::{name}", lib=_LIB)
 
 
 @functools.lru_cache(maxsize=256)
@@ -80,7 +100,7 @@ def _check_k(x: _Tensor, shape: list[int], what: str) -> None:
 
 
 # --- quant_linear ----------------------------------------------------------------------------------------------
-@torch.library.custom_op("humming_triton::quant_linear", mutates_args=())
+@_define("quant_linear")
 def quant_linear_op(x: _Tensor, data: _Tensor, scales: _Tensor, zeros: _OptT, global_scale: _OptT,
                     input_scale: _OptT, wbias: _OptT, k_perm: _OptT, scheme: str, shape: list[int], bias: _OptT,
                     backend: str = "auto", out_dtype: Optional[torch.dtype] = None) -> _Tensor:
@@ -90,7 +110,7 @@ def quant_linear_op(x: _Tensor, data: _Tensor, scales: _Tensor, zeros: _OptT, gl
     return quant_linear(x, qw, bias, backend, out_dtype)
 
 
-@quant_linear_op.register_fake
+@_fake("quant_linear")
 def _(x, data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape, bias, backend="auto",
       out_dtype=None):
     _check_k(x, shape, "quant_linear")
@@ -98,7 +118,7 @@ def _(x, data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, 
 
 
 # --- grouped_linear --------------------------------------------------------------------------------------------
-@torch.library.custom_op("humming_triton::grouped_linear", mutates_args=())
+@_define("grouped_linear")
 def grouped_linear_op(x: _Tensor, data: _Tensor, scales: _Tensor, zeros: _OptT, global_scale: _OptT,
                       input_scale: _OptT, wbias: _OptT, k_perm: _OptT, scheme: str, shape: list[int], offsets: _Tensor,
                       bias: _OptT, backend: str = "auto", out_dtype: Optional[torch.dtype] = None) -> _Tensor:
@@ -108,7 +128,7 @@ def grouped_linear_op(x: _Tensor, data: _Tensor, scales: _Tensor, zeros: _OptT, 
     return grouped_linear(x, qw, offsets, bias, backend, out_dtype)
 
 
-@grouped_linear_op.register_fake
+@_fake("grouped_linear")
 def _(x, data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape, offsets, bias, backend="auto",
       out_dtype=None):
     _check_k(x, shape, "grouped_linear")
@@ -116,7 +136,7 @@ def _(x, data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, 
 
 
 # --- fused_moe -------------------------------------------------------------------------------------------------
-@torch.library.custom_op("humming_triton::fused_moe", mutates_args=())
+@_define("fused_moe")
 def fused_moe_op(hidden: _Tensor,
                  w13_data: _Tensor, w13_scales: _Tensor, w13_zeros: _OptT, w13_global_scale: _OptT,
                  w13_input_scale: _OptT, w13_bias: _OptT, w13_k_perm: _OptT, w13_scheme: str, w13_shape: list[int],
@@ -133,7 +153,7 @@ def fused_moe_op(hidden: _Tensor,
     return fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation, backend)
 
 
-@fused_moe_op.register_fake
+@_fake("fused_moe")
 def _(hidden, w13_data, w13_scales, w13_zeros, w13_global_scale, w13_input_scale, w13_bias, w13_k_perm, w13_scheme, w13_shape,
       w2_data, w2_scales, w2_zeros, w2_global_scale, w2_input_scale, w2_bias, w2_k_perm, w2_scheme, w2_shape,
       topk_weights, topk_ids, activation="silu", backend="auto"):
@@ -149,7 +169,7 @@ def _act_scale_meta(x: _Tensor, spec: ActQuant) -> tuple[list[int], torch.dtype]
     return [*x.shape[:-1], groups], (d.torch_dtype if isinstance(d, WideFloat) else torch.uint8)
 
 
-@torch.library.custom_op("humming_triton::quantize_activation", mutates_args=())
+@_define("quantize_activation")
 def quantize_activation_op(x: _Tensor, spec: str, input_scale: _OptT = None) -> tuple[_Tensor, _Tensor, _Tensor]:
     """-> ``(codes uint8 [..., K], scales, global_scale)``; ``global_scale`` is an empty ``[0]`` tensor when the
     spec has none (an op cannot return an optional tensor)."""
@@ -161,7 +181,7 @@ def quantize_activation_op(x: _Tensor, spec: str, input_scale: _OptT = None) -> 
     return codes, scales, gs
 
 
-@quantize_activation_op.register_fake
+@_fake("quantize_activation")
 def _(x, spec, input_scale=None):
     a = _act_spec(spec)
     sshape, sdtype = _act_scale_meta(x, a)
