@@ -110,6 +110,16 @@ def test_w4a4_odd_shapes(scheme, m, k, dtype, rng):
     _gemm_case(scheme, m, 24, k, dtype, rng)
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("scheme", ["weight=int4,scale=fp16:g16,act=e2m1/e8m0:g32", "w4a8-fp8"])
+def test_activation_group_must_divide_k(scheme):
+    qw = ht.quantize_weight(torch.randn(8, 48), scheme.replace("w4a8-fp8", "weight=int4,scale=fp32:channel,"
+                                                                         "act=e4m3fn/fp32:g32"))
+    for backend in ("triton", "reference"):
+        with pytest.raises(ValueError, match="activation group size 32 does not divide K=48"):
+            ht.quant_linear(torch.randn(2, 48), qw, backend=backend)
+
+
 def test_fp8_path_under_auto_and_names_what_it_cannot_do(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     qw = ht.quantize_weight(torch.randn(16, 128), "w8a8-fp8")

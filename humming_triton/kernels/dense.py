@@ -107,6 +107,11 @@ ACT_KINDS = {"e4m3fn": 1, "int8": 2, "e2m1": 3}  # the activation element types 
 ACT_SCALE_KINDS = {"fp32": 0, "e8m0": 1, "e4m3fn": 2}
 
 
+def _check_act_group(spec: ActQuant, k: int) -> None:
+    if spec.group_k and k % spec.group_k:  # as the reference: a partial last group has no agreed scale rule
+        raise ValueError(f"activation group size {spec.group_k} does not divide K={k}")
+
+
 def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: torch.Tensor | None = None
                                ) -> QuantActivation:
     """``x [M, K]`` -> its ``QuantActivation`` (codes uint8 [M, K]: e4m3 / two's-complement int8 / e2m1;
@@ -114,6 +119,7 @@ def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: to
     NV's global scale is amax(x) / (6 * 448) per call, or the calibrated ``input_scale`` when the spec is static."""
     m, k = x2.shape
     g = spec.group_k or k
+    _check_act_group(spec, k)
     codes = torch.empty(m, k, dtype=torch.uint8, device=x2.device)
     wide = str(spec.scale_dtype) == "fp32"
     scales = torch.empty(m, -(-k // g), dtype=torch.float32 if wide else torch.uint8, device=x2.device)
@@ -185,7 +191,8 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
     bias = qw.bias if bias is None else bias
     key = (m, x2.dtype, out_dtype, x2.device, x2.stride(0), _alignment(x2), _alignment(bias),
            None if bias is None else bias.dtype, None if out is None else (out.stride(0), _alignment(out)), config,
-           qw.data.data_ptr(), qw.scales.data_ptr())
+           qw.data.data_ptr(), qw.scales.data_ptr(), _alignment(qw.zeros), _alignment(qw.global_scale),
+           None if qw.zeros is None else qw.zeros.data_ptr())
     launches = qw.cache.setdefault("triton_launches", {})
     launch = launches.get(key)
     if launch is None:
@@ -275,6 +282,8 @@ def _linear_unplanned(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: 
     """dequant_mm (any scheme) and the quantized-activation tile loop (fp8 / int8 / e2m1 activations)."""
     n, k = qw.N, qw.K
     m = x2.shape[0]
+    if qw.scheme.act is not None:
+        _check_act_group(qw.scheme.act, k)
     cfg = _config(x2, qw, config)
     if cfg.family == "dequant_mm":
         if qw.scheme.act is not None:  # quantize x as the scheme says, then run its dequantized values in x's dtype
