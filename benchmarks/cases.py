@@ -1,7 +1,8 @@
 """What is measured: dense cases (scheme x N x K x M) and MoE grouped cases (E, top-k, N, K, M).
 
 The headline suite is exactly the shapes of ../shared/targets.md, so that its numbers can be checked against
-the targets table; ``full`` adds formats and shapes for exploration.  ``interpret`` is a CPU smoke set small
+the targets table; ``decode`` covers M = 1..16 (decode batches) and the W4A4 schemes; ``full`` adds formats and
+shapes for exploration.  ``interpret`` is a CPU smoke set small
 enough for the Triton interpreter.
 """
 from __future__ import annotations
@@ -45,6 +46,7 @@ class MoECase:
 
 
 TARGET_M = (1, 16, 64, 256, 1024, 4096)
+DECODE_M = (1, 2, 4, 8, 16)  # serving decode batches: the multi-row word-major GEMV's range
 FORMAT_M = (1, 16, 256, 4096)
 # Qwen3-30B-A3B experts: hidden 2048, expert intermediate 768 -> gate_up N = 2 * 768
 QWEN3_MOE = (("gate_up", 1536, 2048), ("down", 2048, 768))
@@ -65,10 +67,14 @@ def suite_cases(suite: str) -> list:
                 + _moe(["w4a16"], FORMAT_M))
     if suite == "full":
         schemes = ["w4a16", "w4a16-asym", "w8a16", "w3a16", "w2a16", "mxfp4", "nvfp4", "w8a16-fp8",
-                   "w8a8-fp8", "w8a8-fp8-block", "w8a8-int8", "w4a8-fp8", "w4a8-mxfp4"]
+                   "w8a8-fp8", "w8a8-fp8-block", "w8a8-int8", "w4a8-fp8", "w4a8-mxfp4", "w4a4-mxfp4", "w4a4-nvfp4"]
         shapes = [(8192, 8192), (4096, 14336), (14336, 4096), (28672, 4096)]
         return _dense(schemes, shapes, TARGET_M) + _moe(["w4a16", "mxfp4", "w4a8-mxfp4"], TARGET_M)
+    if suite == "decode":
+        return (_dense(["w4a16", "mxfp4", "nvfp4", "w8a16"], [(8192, 8192)], DECODE_M)
+                + _dense(["w4a16"], [(4096, 14336)], DECODE_M)
+                + _dense(["w4a4-mxfp4", "w4a4-nvfp4"], [(8192, 8192)], FORMAT_M))
     if suite == "interpret":
         # tiny: the Triton interpreter runs every program instance in Python
         return [DenseCase("w4a16", 64, 256, 3), DenseCase("w8a16", 48, 128, 5), DenseCase("mxfp4", 32, 128, 2)]
-    raise ValueError(f"unknown suite {suite!r}; expected headline, full or interpret")
+    raise ValueError(f"unknown suite {suite!r}; expected headline, decode, full or interpret")

@@ -36,6 +36,8 @@ HUMMING_FORMATS = {
     "w8a8-fp8-block": ({**_FP8, "group_size": 128, "group_size_n": 128}, {**_FP8, "group_size": 128}),
     "w4a8-fp8": (_U4, _FP8),                                # (*)
     "w4a8-mxfp4": (_MX, _FP8),
+    "w4a4-mxfp4": (_MX, _MX),                               # (*)
+    "w4a4-nvfp4": (_NV, _NV),                               # (*)
 }
 # our preset -> gemlite helper; "w4a16" is fed our own int4 codes and scales (same quantized weight as ours)
 GEMLITE_FORMATS = {

@@ -119,7 +119,7 @@ def _wanted_methods(case, suite: str, selected: set, done: set) -> list[str]:
     if "gemlite" in selected and case.kind == "dense":
         if suite == "full" and (case.scheme in peers.GEMLITE_FORMATS or case.scheme in peers.GEMLITE_UNSUPPORTED):
             out.append("gemlite")
-        elif suite == "headline" and case.scheme == "w4a16":  # its autotune costs 4-19 s per M: w4a16 only
+        elif suite in ("headline", "decode") and case.scheme == "w4a16":  # its autotune: 4-19 s per M
             out.append("gemlite")
     return out
 

@@ -15,6 +15,7 @@
 #   e2e     decode tokens/s vs bf16: dense Llama and Qwen3-MoE (eager, CUDA graph, torch.compile)
 #                                                                                          -> e2e.txt, e2e_*.json
 #   bench   the headline benchmark with peers                                              -> bench/ (4 files)
+#   decode  the decode-batch benchmark (M = 1..16) and the W4A4 rows, with peers               -> decode/
 # Failures of every pytest step are appended to gpu_failures.txt as they happen.
 set -u
 cd "$(dirname "$0")/.."
@@ -64,6 +65,10 @@ for step in $STEPS; do
       stamp bench
       timeout -k 5 ${BENCH_S:-260} python3 -m benchmarks --suite headline --out "$OUT/bench" --no-cold-start \
         --peer-budget-s 60 > /dev/null 2> "$OUT/bench_stderr.txt" ;;
+    decode)
+      stamp decode
+      timeout -k 5 ${DECODE_BENCH_S:-200} python3 -m benchmarks --suite decode --out "$OUT/decode" --no-cold-start \
+        --peer-budget-s 60 > /dev/null 2> "$OUT/decode_stderr.txt" ;;
     *) echo "unknown step $step" ;;
   esac
   pack
