@@ -1,7 +1,7 @@
 """Triton device helpers shared by every kernel family (dense GEMV, tiled GEMM, grouped MoE).
 
 One decode helper per element-type family -- integers and ExMy floats -- driven by constexprs from
-:func:`format_constexprs`, plus the tile loaders that read the canonical ``kpack32`` layout:
+``format_args.format_constexprs``, plus the tile loaders that read the canonical ``kpack32`` layout:
 
 * ``load_codes``   -> ``[BN, BK]`` int32 codes of rows ``n`` and columns ``k0 .. k0+BK`` of the weight.
 * ``dequant_tile`` -> codes -> float32 weight values with zero point, group scales and global scale applied.
@@ -9,39 +9,14 @@ One decode helper per element-type family -- integers and ExMy floats -- driven 
 Codes are unpacked in registers: for 1/2/4/8 bits each thread loads whole int32 words (16-byte vectors when the
 tile allows) and splits them with shifts; 3/5/6/7-bit codes cross word boundaries and are gathered from the two
 words they may straddle.
+
+The kernel modules import nothing but triton (no torch, no formats), so that another Triton version can compile
+them on their own (scripts/compile_check.py).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from ..formats.dtypes import FloatType, IntType, WideFloat
-from ..formats.scheme import QuantScheme
-
-SPECIAL_IDS = {"finite": 0, "fn": 1, "ieee": 2, "e8m0": 3}
-ZERO_IDS = {"none": 0, "int": 1, "float": 2}
-
-
-def _elem_constexprs(t, prefix: str) -> dict:
-    if isinstance(t, IntType):
-        return {f"{prefix}IS_FLOAT": False, f"{prefix}SIGNED": t.signed, f"{prefix}EXP": 0, f"{prefix}MAN": 0,
-                f"{prefix}BIAS": 0, f"{prefix}SPECIAL": 0}
-    assert isinstance(t, FloatType)
-    return {f"{prefix}IS_FLOAT": True, f"{prefix}SIGNED": t.signed, f"{prefix}EXP": t.exp, f"{prefix}MAN": t.man,
-            f"{prefix}BIAS": t.exp_bias, f"{prefix}SPECIAL": SPECIAL_IDS[t.special]}
-
-
-def format_constexprs(scheme: QuantScheme, n: int, k: int) -> dict:
-    """Everything structural about a weight format, as kernel constexprs (one compiled variant per format).
-    Kernels list them as explicit parameters -- the repeated signatures are deliberate: a constexpr bundle
-    (tuple/dataclass) is not portable across the Triton versions we run (3.6 on the H200, 3.8 in CI)."""
-    sd = scheme.scale.dtype
-    out = {"BITS": scheme.bits, "GROUP_K": scheme.group_k(k), "GROUP_N": scheme.group_n(n),
-           "SCALE_IS_CODE": not isinstance(sd, WideFloat), "ZERO_KIND": ZERO_IDS[scheme.zero],
-           "HAS_GLOBAL": scheme.scale.global_scale}
-    out.update(_elem_constexprs(scheme.weight, "W_"))
-    out.update(_elem_constexprs(sd if not isinstance(sd, WideFloat) else IntType(8, False), "S_"))
-    return out
 
 
 @triton.jit

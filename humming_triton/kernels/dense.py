@@ -30,7 +30,7 @@ from ._dense_gemv import dense_gemv_kernel, dense_gemv_words_kernel
 from ._act_quant import act_quant_kernel
 from ._dense_tiled import dense_tiled_kernel
 from ._dequant import dequant_kernel
-from .decode import format_constexprs
+from .format_args import format_constexprs
 
 __all__ = ["triton_linear", "triton_dequantize", "triton_quantize_activation"]
 

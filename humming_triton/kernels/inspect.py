@@ -22,7 +22,7 @@ from ..formats.scheme import QuantScheme
 from . import configs
 from ._dense_gemv import dense_gemv_kernel, dense_gemv_words_kernel
 from ._dense_tiled import dense_tiled_kernel
-from .decode import format_constexprs
+from .format_args import format_constexprs
 
 _SASS_COUNTS = {"ldg128": "LDG.E.128", "ldg_u16": "LDG.E.U16", "ldl": "LDL", "hgmma": "HGMMA", "hmma": "HMMA",
                 "qgmma": "QGMMA", "igmma": "IGMMA", "imma": "IMMA",
