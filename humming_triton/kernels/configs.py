@@ -63,17 +63,18 @@ def heuristic(m: int, n: int, k: int, bits: int, num_sms: int = NUM_SMS_DEFAULT,
               ) -> DenseConfig:
     if m <= GEMV_MAX_M:
         bm = m_bucket(m)
-        bn = 8
-        bk = (1024 if 32 % bits == 0 else 512) if bm == 1 else max(64, 4096 // (bm * bn))
+        if 32 % bits == 0:  # the word-major GEMV, bm rows sharing each decoded tile (falls back where it cannot run)
+            family, bn, bk = "gemv_words", 4, max(128, 1024 // bm)
+        else:
+            family, bn = "gemv", 8
+            bk = 512 if bm == 1 else max(64, 4096 // (bm * bn))
         bk = min(bk, max(32, _pow2_floor(k)))
         programs = -(-n // bn) * -(-m // bm)
         k_tiles = -(-k // bk)
-        split = 1
+        split = 1  # split K only while the row tiles alone leave the GPU short of ~4 programs per SM
         while programs * split < 4 * num_sms and split * 2 <= max(1, k_tiles // 2):
             split *= 2
-        if 32 % bits == 0:  # the word-major GEMV, bm rows sharing each decoded tile (falls back where it cannot run)
-            return DenseConfig("gemv_words", bm, 4, max(128, 1024 // bm), split, num_warps=4, num_stages=1)
-        return DenseConfig("gemv", bm, bn, bk, split, num_warps=4, num_stages=1)
+        return DenseConfig(family, bm, bn, bk, split, num_warps=4, num_stages=1)
     if m >= DEQUANT_MM_MIN_M:
         return DenseConfig("dequant_mm", 1, 32, 128)
     bm = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
