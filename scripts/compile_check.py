@@ -44,7 +44,9 @@ def dump(path: str) -> int:
                 ins.compile_report(preset, m, 4096, 4096)
             except ValueError:  # dequant_mm: the dequantize kernel + cuBLAS, covered below
                 pass
-    for preset, rows in (("w4a16", 8), ("w4a16", 32768), ("mxfp4", 32768), ("w3a16", 32768), ("nvfp4", 8)):
+    for preset, rows in (("w4a16", 8), ("w4a16", 32768), ("mxfp4", 32768), ("w3a16", 32768), ("nvfp4", 8),
+                         ("w8a8-fp8", 8), ("w8a8-fp8-block", 32768), ("w4a8-mxfp4", 8), ("w8a8-int8", 32768),
+                         ("w4a8-int8", 8), ("w4a4-nvfp4", 8), ("w4a4-mxfp4", 32768)):
         ins.grouped_report(preset, 1536, 2048, 128, rows=rows)
     from humming_triton.formats import QuantScheme
     from humming_triton.kernels import configs

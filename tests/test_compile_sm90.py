@@ -14,7 +14,8 @@ CASES = [("w4a16", 1), ("w4a16", 16), ("w4a16", 256), ("nvfp4", 1), ("mxfp4", 64
          ("w8a16-fp8-block", 256), ("nvfp4", 256), ("w8a8-fp8", 16), ("w4a8-mxfp4", 16), ("w4a8-fp8", 1),
          ("w8a8-int8", 256), ("w4a8-int8", 64), ("w4a4-mxfp4", 1), ("w4a4-nvfp4", 16), ("w4a4-nvfp4", 256)]
 
-GROUPED = [("w4a16", 16), ("nvfp4", 64), ("w3a16", 64), ("w4a16-asym", 64), ("w2a16", 64), ("mxfp4", 16)]
+GROUPED = [("w4a16", 16), ("nvfp4", 64), ("w3a16", 64), ("w4a16-asym", 64), ("w2a16", 64), ("mxfp4", 16),
+           ("w8a8-fp8", 16), ("w8a8-int8", 64), ("w4a4-nvfp4", 64)]
 
 _SCRIPT = """
 import json, sys
@@ -53,7 +54,9 @@ def test_grouped_kernel_compiles_for_hopper(reports, scheme, block_m):
     r = reports[(scheme, "grouped", block_m)]
     assert r["stack_bytes"] == 0 and r["ldl"] == 0, f"register spills: {r}"
     assert r["shared_bytes"] <= 227 * 1024, r
-    assert (r["hgmma"] if block_m >= 64 else r["hmma"]) > 0, r
+    mma = ("igmma" if scheme.endswith("int8") else "hgmma") if block_m >= 64 else \
+        ("imma" if scheme.endswith("int8") else "hmma")
+    assert r[mma] > 0, r
 
 
 _ACT_QUANT_SCRIPT = """

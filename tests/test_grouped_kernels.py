@@ -8,6 +8,8 @@ from humming_triton.testing import assert_linear_close, poison_like
 
 FORMATS = ["w4a16", "w4a16-asym", "w3a16", "w8a16", "mxfp4", "nvfp4", "w8a16-fp8-block", "w1a16",
            "weight=e3m2,scale=bf16:g64,zero=none"]
+# activation-quantized schemes: x is quantized first, then fp8 / int8 / bf16 (decoded e2m1) tiles
+ACT_FORMATS = ["w8a8-fp8", "w8a8-fp8-block", "w4a8-mxfp4", "w8a8-int8", "w4a8-int8", "w4a4-nvfp4", "w4a4-mxfp4"]
 
 
 def _case(scheme, counts, n, k, dtype, rng, device="cpu", block_m=None):
@@ -23,11 +25,17 @@ def _case(scheme, counts, n, k, dtype, rng, device="cpu", block_m=None):
     y = triton_grouped_linear(x, qw, offsets.to(device), out=out, block_m=block_m)
     ref = ht.reference_grouped_linear(x, qw, offsets.to(device), out_dtype=torch.float32).double().cpu()
     w_hat = ht.dequantize_weight(qw).cpu()
+    act = qw.scheme.act
+    mma = dtype
+    if act is not None:  # the tolerance is about the activation the GEMM multiplies: the quantized one
+        x = ht.dequantize_activation(ht.quantize_activation(x, act, qw.input_scale))
+        # fp8 x fp8 / int8 x int8 products are exact; e2m1 activations meet the weight in a bf16 MMA
+        mma = torch.bfloat16 if str(act.dtype) == "e2m1" else torch.float32
     # the tolerance of each row uses its own expert's weight
     for i in range(e):
         rows = slice(int(offsets[i]), int(offsets[i + 1]))
         if counts[i]:
-            assert_linear_close(y[rows].cpu(), ref[rows], x[rows].cpu().float(), w_hat[i], dtype,
+            assert_linear_close(y[rows].cpu(), ref[rows], x[rows].cpu().float(), w_hat[i], mma,
                                 f"{scheme} expert {i}")
 
 
@@ -36,6 +44,12 @@ def _case(scheme, counts, n, k, dtype, rng, device="cpu", block_m=None):
 def test_grouped_kernel_interpreted(scheme, rng):
     # uneven experts, one empty, one spanning several row tiles; odd N, K not a multiple of the K tile
     _case(scheme, [3, 0, 21, 1, 5], 37, 384, torch.float16, rng, block_m=16)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("scheme", ACT_FORMATS)
+def test_grouped_quantized_activations_interpreted(scheme, rng):
+    _case(scheme, [3, 0, 21, 1, 5], 37, 384, torch.float16, rng)
 
 
 @pytest.mark.interpret
@@ -55,7 +69,7 @@ def test_grouped_bf16_and_api(rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("scheme", FORMATS)
+@pytest.mark.parametrize("scheme", FORMATS + ACT_FORMATS)
 def test_grouped_kernel_on_gpu(scheme, dtype, rng):
     counts = [int(c) for c in torch.randint(0, 40, (16,), generator=rng)]
     counts[3] = 0
@@ -63,7 +77,9 @@ def test_grouped_kernel_on_gpu(scheme, dtype, rng):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("activation,scheme", [("silu", "w4a16"), ("swiglu_oai", "mxfp4"), ("silu", "nvfp4")])
+@pytest.mark.parametrize("activation,scheme", [("silu", "w4a16"), ("swiglu_oai", "mxfp4"), ("silu", "nvfp4"),
+                                               ("silu", "w8a8-fp8"), ("swiglu_oai", "w4a8-mxfp4"),
+                                               ("silu", "w4a4-nvfp4")])
 def test_fused_moe_triton_matches_reference(activation, scheme, rng):
     t, h, inter, e, topk = 7, 128, 128, 6, 2
     w13 = ht.quantize_weight(torch.randn(e, 2 * inter, h, generator=rng) / 8, scheme,
@@ -73,7 +89,10 @@ def test_fused_moe_triton_matches_reference(activation, scheme, rng):
     wts, ids = torch.topk(torch.softmax(torch.randn(t, e, generator=rng), -1), topk)
     y = ht.fused_moe(x, w13, w2, wts, ids, activation=activation, backend="triton")
     assert ht.last_backend("fused_moe") == "triton"
-    ref = ht.fused_moe(x.float(), w13, w2, wts, ids, activation=activation).double()
+    # quantized activations: the reference in x's dtype too, so that the intermediate activation is rounded
+    # the same way before the down GEMM quantizes it (a float32 one would move a few codes across a midpoint)
+    xr = x.float() if w13.scheme.act is None else x
+    ref = ht.fused_moe(xr, w13, w2, wts, ids, activation=activation, backend="reference").double()
     # the same math except fp16 MMA operands (u = 2^-11) in two GEMMs and the fp16 output: a few u in norm;
     # a routing or scaling mistake is O(1)
     assert ((y.double() - ref).norm() / ref.norm()).item() < 16 * 2.0 ** -11

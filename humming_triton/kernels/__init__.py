@@ -31,8 +31,6 @@ def fp8_path_reason(op: str, scheme: QuantScheme) -> str | None:
     weights whose values are all exact in that type (int4/e2m1/e4m3 in e4m3; int1-8 in int8), no zero point,
     weight groups of >= 32; e2m1 activations (MX / NV block scales) with any weight."""
     a = scheme.act
-    if op != "quant_linear":
-        return f"no Triton {op} for activation-quantized schemes yet"
     if str(a.dtype) == "e2m1":  # W4A4: the e2m1 quantizer, then dequantize both operands for cuBLAS (dequant_mm)
         mx = str(a.scale_dtype) == "e8m0" and not a.global_scale
         nv = str(a.scale_dtype) == "e4m3fn" and a.global_scale

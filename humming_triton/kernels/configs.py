@@ -135,28 +135,39 @@ def fp8_config(m: int, n: int, k: int, weight_group_k: int, act_group_k: int,
     (``weight_exact_bf16``: whether every code times its scale is exact in bf16)."""
     if act_dtype == "e2m1":  # W4A4: the bf16 tile loop on decoded activations, where WnA16 would tile
         cfg = heuristic(max(m, GEMV_MAX_M + 1), n, k, 4, num_sms)
-        if cfg.family == "dequant_mm":
-            return cfg
-        bk = max(fit_block_k(cfg.block_k, weight_group_k or k, k, 4), act_group_k)
-        if not weight_exact_bf16 and weight_group_k and act_group_k <= weight_group_k < min(bk, k):
-            # code * scale is not exact in bf16 (e.g. fp16 scales): one weight group per K tile, so the scale
-            # multiplies the fp32 partial product and the MMA sees the exact codes
-            bk = weight_group_k & -weight_group_k
-        fits = bk % act_group_k == 0 and (not weight_group_k or weight_group_k >= k or weight_group_k % bk == 0
-                                          or bk % weight_group_k == 0)
-        return replace(cfg, block_k=bk) if fits else DenseConfig("dequant_mm", 1, 32, 128)
+        bk = act_block_k(cfg.block_k, k, weight_group_k, act_group_k, act_dtype, weight_exact_bf16)
+        if cfg.family == "dequant_mm" or bk is None:
+            return DenseConfig("dequant_mm", 1, 32, 128)
+        return replace(cfg, block_k=bk)
     if m > 16 and act_dtype != "int8":
         return DenseConfig("dequant_mm", 1, 32, 128)
-    bk = 128
-    for g in (weight_group_k, act_group_k):
-        if g and g < k:
-            bk = min(bk, g & -g)
     bm = 16 if m <= 16 else 64 if m <= 64 else 128
     bn = 64 if m <= 64 else 128
-    if bm == 128:
-        bk = min(bk, 64)  # 128x128x128 spills on sm_90 (kernels.inspect); 64 does not
+    # 128x128x128 spills on sm_90 (kernels.inspect); 64 does not
+    bk = act_block_k(64 if bm == 128 else 128, k, weight_group_k, act_group_k, act_dtype)
     programs = -(-m // bm) * -(-n // bn)
     split = 1
     while programs * split < num_sms and split * 2 <= max(1, -(-k // bk) // 4):
         split *= 2
-    return DenseConfig("tiled", bm, bn, max(bk, 32), split, 8, 4 if bm <= 64 else 8, 3)
+    return DenseConfig("tiled", bm, bn, bk, split, 8, 4 if bm <= 64 else 8, 3)
+
+
+def act_block_k(bk: int, k: int, weight_group_k: int, act_group_k: int, act_dtype: str,
+                weight_exact_bf16: bool = True) -> int | None:
+    """The K tile of an activation-quantized tile loop, at most ``bk``; None when no tile fits.
+
+    fp8 / int8: both scales multiply partial products, so the tile divides both groups; fp8/int8 MMAs need
+    K >= 32.  e2m1: a whole number of activation groups per tile (x is scaled before the bf16 MMA); when code x
+    scale is not exact in bf16 (``weight_exact_bf16`` false, e.g. fp16 scales), one weight group per tile so that
+    its scale multiplies the fp32 partial product and the MMA sees the exact codes."""
+    if act_dtype == "e2m1":
+        bk = max(fit_block_k(bk, weight_group_k or k, k, 4), act_group_k)
+        if not weight_exact_bf16 and weight_group_k and act_group_k <= weight_group_k < min(bk, k):
+            bk = weight_group_k & -weight_group_k
+        fits = bk % act_group_k == 0 and (not weight_group_k or weight_group_k >= k or weight_group_k % bk == 0
+                                          or bk % weight_group_k == 0)
+        return bk if fits else None
+    for g in (weight_group_k, act_group_k):
+        if g and g < k:
+            bk = min(bk, g & -g)
+    return max(bk, 32)

@@ -233,12 +233,25 @@ def _significant_bits(t) -> int:
     return t.bits  # integer codes (a zero point can add the sign)
 
 
+def _weight_exact_bf16(scheme: QuantScheme) -> bool:
+    return _significant_bits(scheme.weight) + _significant_bits(scheme.scale.dtype) <= 8 and scheme.zero == "none"
+
+
 def act_config(m: int, n: int, k: int, scheme: QuantScheme, num_sms: int = configs.NUM_SMS_DEFAULT
                ) -> configs.DenseConfig:
     """The launch config of an activation-quantized scheme (configs.fp8_config with the scheme's facts)."""
-    exact = _significant_bits(scheme.weight) + _significant_bits(scheme.scale.dtype) <= 8 and scheme.zero == "none"
     return configs.fp8_config(m, n, k, scheme.scale.block_k, scheme.act.group_k, num_sms, str(scheme.act.dtype),
-                              exact)
+                              _weight_exact_bf16(scheme))
+
+
+def act_block_k(bk: int, scheme: QuantScheme, k: int) -> int:
+    """configs.act_block_k with the scheme's facts; a clear error where no K tile fits."""
+    out = configs.act_block_k(bk, k, scheme.scale.block_k, scheme.act.group_k, str(scheme.act.dtype),
+                              _weight_exact_bf16(scheme))
+    if out is None:
+        raise ValueError(f"no K tile fits both the weight groups ({scheme.scale.block_k}) and the activation groups "
+                         f"({scheme.act.group_k}) of {scheme.name}")
+    return out
 
 
 def _plan(x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None, out_dtype: torch.dtype,

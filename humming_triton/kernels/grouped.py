@@ -9,7 +9,7 @@ from ..dispatch import interpreting
 from ..formats.weight import QuantWeight
 from . import configs
 from ._grouped_tiled import grouped_tiled_kernel
-from .dense import _format, _launch_format
+from .dense import ACT_KINDS, PER_TOKEN, _format, _launch_format, act_block_k, triton_quantize_activation
 
 __all__ = ["triton_grouped_linear"]
 
@@ -19,7 +19,9 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
                           block_n: int | None = None, block_k: int | None = None, num_warps: int = 4,
                           num_stages: int = 3,
                           out: torch.Tensor | None = None) -> torch.Tensor:
-    """``y[r] = x[r] @ dequant(qw[e]).T (+ bias[e])`` for rows ``offsets[e] <= r < offsets[e+1]``."""
+    """``y[r] = x[r] @ dequant(qw[e]).T (+ bias[e])`` for rows ``offsets[e] <= r < offsets[e+1]``; for an
+    activation-quantized scheme x is quantized first (all rows at once, as the reference does) and the tiles
+    run on its codes like the dense quantized-activation path."""
     if qw.k_perm is not None:
         raise NotImplementedError("the Triton grouped GEMM does not take act-order (k_perm) experts yet")
     t, k = x.shape
@@ -30,26 +32,47 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
     y = out if out is not None else torch.empty(t, n, dtype=out_dtype, device=x.device)
     if t == 0:
         return y
+    if qw.scheme.act is not None and qw.scheme.act.group_k and k % qw.scheme.act.group_k:
+        raise ValueError(f"activation group size {qw.scheme.act.group_k} does not divide K={k}")
     # rows per expert on average decide the tile height (known on the host without a sync)
     bm, bn, bk = configs.grouped_tiles(t, e, qw.scheme.bits, qw.scheme.zero != "none")
+    act = qw.scheme.act
+    kind = 0 if act is None else ACT_KINDS[str(act.dtype)] + (str(act.scale_dtype) == "e4m3fn")
+    if kind == 1:
+        bm = 16  # fp8: 16-row mma.sync tiles only (the H200's fp8 wgmma is not exact; configs.fp8_config)
     bm, block_n = block_m or bm, block_n or bn
     bk = configs.fit_block_k(block_k or bk, _format(qw)["GROUP_K"], k, qw.scheme.bits)
+    if act is not None:
+        bk = act_block_k(bk, qw.scheme, k)
     fmt = _launch_format(qw, bk)
+    post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= bk and fmt["GROUP_K"] % bk == 0
+    if 0 < kind < 3 and not post:
+        raise ValueError(f"the quantized-activation path needs BLOCK_K ({bk}) to divide the weight group "
+                         f"({fmt['GROUP_K']}) of {qw.scheme.name}")
     offsets = offsets.to(device=x.device, dtype=torch.int64)
     tiles = (offsets[1:] - offsets[:-1] + bm - 1) // bm
     tile_cum = torch.zeros(e + 1, dtype=torch.int32, device=x.device)
     tile_cum[1:] = torch.cumsum(tiles, 0)
     bias = qw.bias if bias is None else bias
     zeros = qw.zeros if qw.zeros is not None else qw.scales
-    gscale = qw.global_scale if qw.global_scale is not None else qw.scales
+    gscale, stride_ge, has_global = qw.global_scale, 1, fmt["HAS_GLOBAL"]
+    xs, stride_xsm, act_group = x, 0, 1
+    if act is not None:  # quantize the rows once (the reference quantizes the whole x too), then tile on codes
+        q = triton_quantize_activation(x, act, qw.input_scale)
+        x, xs, stride_xsm, act_group = q.codes, q.scales, q.scales.stride(0), act.group_k or PER_TOKEN
+        if q.global_scale is not None:  # NV activations: both global scales multiply the accumulator once
+            gscale = q.global_scale * qw.global_scale if has_global else q.global_scale.reshape(1)
+            stride_ge, has_global = (1 if has_global else 0), True
+    if gscale is None:
+        gscale = qw.scales
     b = bias if bias is not None else y
-    post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= bk and fmt["GROUP_K"] % bk == 0
     grid = (triton.cdiv(t, bm) + e, triton.cdiv(n, block_n))
     grouped_tiled_kernel[grid](
-        x, qw.data, qw.scales, zeros, gscale, b, y, offsets, tile_cum, n, k, e, x.stride(0),
+        x, qw.data, qw.scales, zeros, gscale, b, y, offsets, tile_cum, xs, n, k, e, x.stride(0),
         qw.data.stride(0), qw.data.stride(1), qw.scales.stride(0), qw.scales.stride(1), qw.scales.stride(2),
         zeros.stride(0), zeros.stride(1), zeros.stride(2), b.stride(0) if bias is not None else 0, y.stride(0),
-        E_POW2=triton.next_power_of_2(e), BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=bk, POST_SCALE=post,
-        DOT_F32=interpreting() or x.dtype == torch.float32, EVEN_K=k % bk == 0, HAS_BIAS=bias is not None,
-        num_warps=num_warps, num_stages=num_stages, **fmt)
+        stride_xsm, stride_ge, E_POW2=triton.next_power_of_2(e), BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=bk,
+        POST_SCALE=post, DOT_F32=interpreting() or x.dtype == torch.float32, EVEN_K=k % bk == 0,
+        HAS_BIAS=bias is not None, ACT_KIND=kind, ACT_GROUP_K=act_group, num_warps=num_warps,
+        num_stages=num_stages, **{**fmt, "HAS_GLOBAL": has_global})
     return y

@@ -78,16 +78,26 @@ def compile_report(scheme: str, m: int, n: int, k: int, cfg: configs.DenseConfig
 def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: str = "bf16", arch: int = 90) -> dict:
     """The same report for the grouped (MoE) kernel with the tiles its launcher picks for ``rows`` routed rows."""
     from ._grouped_tiled import grouped_tiled_kernel
+    from .dense import ACT_KINDS, act_block_k
     s = QuantScheme.parse(scheme)
     block_m, block_n, block_k = configs.grouped_tiles(rows, experts, s.bits, s.zero != "none")
+    kind = 0 if s.act is None else ACT_KINDS[str(s.act.dtype)] + (str(s.act.scale_dtype) == "e4m3fn")
+    block_m = 16 if kind == 1 else block_m
     fmt = format_constexprs(s, n, k)
     block_k = configs.fit_block_k(block_k, fmt["GROUP_K"], k, s.bits)
+    if s.act is not None:
+        block_k = act_block_k(block_k, s, k)
     if fmt["GROUP_K"] >= k:
         fmt["GROUP_K"] = max(k, block_k)
     post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= block_k and fmt["GROUP_K"] % block_k == 0
     consts = dict(E_POW2=triton.next_power_of_2(experts), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                  POST_SCALE=post, DOT_F32=False, EVEN_K=k % block_k == 0, HAS_BIAS=False, **fmt)
-    ptrs = {**_pointer_types(s, act, 1), "offsets_ptr": "*i64", "tile_cum_ptr": "*i32"}
+                  POST_SCALE=post, DOT_F32=False, EVEN_K=k % block_k == 0, HAS_BIAS=False, ACT_KIND=kind,
+                  ACT_GROUP_K=(s.act.group_k or 1 << 30) if s.act is not None else 1,
+                  **{**fmt, "HAS_GLOBAL": fmt["HAS_GLOBAL"] or (s.act is not None and s.act.global_scale)})
+    ptrs = {**_pointer_types(s, act, 1), "offsets_ptr": "*i64", "tile_cum_ptr": "*i32",
+            "xs_ptr": "*u8" if kind >= 3 else "*fp32"}
+    if s.act is not None:
+        ptrs["x_ptr"] = "*u8"
     out = _compile(grouped_tiled_kernel, consts, ptrs, dict(N=n, K=k, stride_xm=k), 4, 3, arch)
     return {"scheme": s.name, "N": n, "K": k, "E": experts, "block_m": block_m, "block_n": block_n,
             "block_k": block_k, **out}
