@@ -37,6 +37,10 @@ def _triton_reason(op: str, x: torch.Tensor, qw: QuantWeight) -> str | None:
         return "triton is not installed"
     if not (x.is_cuda or interpreting()):
         return f"Triton kernels need CUDA tensors (x is on {x.device}); set TRITON_INTERPRET=1 to run them on CPU"
+    if qw.k_perm is not None and qw.scheme.act is not None and (qw.scheme.act.group_k or op != "quant_linear"):
+        # the Triton paths gather x into the weight's stored K order; activation groups (and the grouped
+        # kernel's per-row quantization) would then follow that order instead of the logical one
+        return f"act-order (k_perm) weights with quantized activations ({qw.scheme.act}) in {op}"
     from .kernels import supports
     return supports(op, qw.scheme, x.dtype)
 

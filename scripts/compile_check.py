@@ -48,6 +48,8 @@ def dump(path: str) -> int:
                          ("w8a8-fp8", 8), ("w8a8-fp8-block", 32768), ("w4a8-mxfp4", 8), ("w8a8-int8", 32768),
                          ("w4a8-int8", 8), ("w4a4-nvfp4", 8), ("w4a4-mxfp4", 32768)):
         ins.grouped_report(preset, 1536, 2048, 128, rows=rows)
+    for preset, rows in (("w4a16", 8), ("w4a16", 32768), ("w3a16", 8)):  # act-order (GPTQ desc_act) experts
+        ins.grouped_report(preset, 1536, 2048, 128, rows=rows, act_order=True)
     from humming_triton.formats import QuantScheme
     from humming_triton.kernels import configs
     from humming_triton.kernels._dequant import dequant_kernel

@@ -52,6 +52,43 @@ def test_grouped_quantized_activations_interpreted(scheme, rng):
     _case(scheme, [3, 0, 21, 1, 5], 37, 384, torch.float16, rng)
 
 
+def _act_order_case(per_expert, device, rng, counts=(3, 0, 21, 1, 5), n=37, k=384):
+    """GPTQ act-order experts: the stored columns are permuted ([K] shared or [E, K] per expert); the kernel
+    gathers x through k_perm and must match the reference on the logical weight."""
+    import dataclasses
+    e = len(counts)
+    stored = ht.quantize_weight(torch.randn(e, n, k, generator=rng), "w4a16")
+    perm = torch.stack([torch.randperm(k, generator=rng) for _ in range(e)]) if per_expert else \
+        torch.randperm(k, generator=rng)
+    qw = dataclasses.replace(stored, k_perm=perm, cache={}).to(device)
+    offsets = torch.zeros(e + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor(counts), 0)
+    x = torch.randn(int(offsets[-1]), k, generator=rng).half().to(device)
+    y = ht.grouped_linear(x, qw, offsets.to(device), backend="triton")
+    qc = qw.to("cpu")
+    ref = ht.grouped_linear(x.cpu(), qc, offsets, out_dtype=torch.float32, backend="reference").double()
+    w_hat = ht.dequantize_weight(qc)
+    assert not torch.allclose(w_hat, ht.dequantize_weight(stored))  # the permutation matters
+    for i in range(e):
+        rows = slice(int(offsets[i]), int(offsets[i + 1]))
+        if counts[i]:
+            assert_linear_close(y[rows].cpu(), ref[rows], x[rows].cpu().float(), w_hat[i], torch.float16,
+                                f"act-order expert {i}")
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("per_expert", [False, True], ids=["shared_perm", "per_expert_perm"])
+def test_grouped_act_order_interpreted(per_expert, rng):
+    _act_order_case(per_expert, "cpu", rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_expert", [False, True], ids=["shared_perm", "per_expert_perm"])
+def test_grouped_act_order_on_gpu(per_expert, rng):
+    _act_order_case(per_expert, "cuda", rng, counts=[int(c) for c in torch.randint(0, 40, (16,), generator=rng)],
+                    n=1536, k=2048)
+
+
 @pytest.mark.interpret
 def test_grouped_bf16_and_api(rng):
     _case("w4a16", [2, 9], 48, 256, torch.bfloat16, rng)
@@ -122,3 +159,17 @@ def test_fused_moe_on_gpu(activation, scheme, tokens, dtype, rng):
     rel = ((y.cpu().double() - ref).norm() / ref.norm()).item()
     assert not torch.backends.cuda.matmul.allow_tf32
     assert rel < 16 * u, f"{scheme}/{activation}/{tokens} tokens: rel err {rel:.3g}"
+
+
+def test_act_order_with_quantized_activations_is_named(monkeypatch, rng):
+    """The Triton paths gather x into the stored K order, so per-group activation scales (and the grouped
+    kernel's quantization) would follow the wrong order: auto keeps the reference, triton says why."""
+    import dataclasses
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    stored = ht.quantize_weight(torch.randn(2, 32, 128, generator=rng), "w8a8-fp8")
+    qw = dataclasses.replace(stored, k_perm=torch.randperm(128, generator=rng), cache={})
+    x, offsets = torch.randn(3, 128, generator=rng).half(), torch.tensor([0, 1, 3])
+    ht.grouped_linear(x, qw, offsets)
+    assert ht.last_backend("grouped_linear") == "reference"
+    with pytest.raises(RuntimeError, match="act-order"):
+        ht.grouped_linear(x, qw, offsets, backend="triton")

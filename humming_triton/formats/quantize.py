@@ -162,7 +162,8 @@ def dequantize_weight(qw: QuantWeight) -> torch.Tensor:
     if qw.k_perm is None:
         return w
     # stored column j is logical column k_perm[j] (act-order): undo the permutation (see weight.py)
-    inv = torch.argsort(qw.k_perm, dim=-1).expand(*w.shape[:-1], qw.K)
+    # (k_perm is [K] or per expert [E, K]: the N axis is inserted before expanding)
+    inv = torch.argsort(qw.k_perm, dim=-1).unsqueeze(-2).expand(*w.shape[:-1], qw.K)
     return torch.gather(w, -1, inv)
 
 

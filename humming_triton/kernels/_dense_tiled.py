@@ -14,10 +14,11 @@ from .decode import broadcast_groups, decode_float, decode_scales, dequant_tile,
 
 
 @triton.jit
-def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn,
+def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, perm_ptr, stride_wn, stride_sn, stride_sk, stride_zn,
                 stride_zk, offs_n, t_begin, t_end, N, K,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, POST_SCALE: tl.constexpr,
-                DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, ACT_KIND: tl.constexpr, ACT_GROUP_K: tl.constexpr,
+                DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, HAS_PERM: tl.constexpr, ACT_KIND: tl.constexpr,
+                ACT_GROUP_K: tl.constexpr,
                 BITS: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, ZERO_KIND: tl.constexpr,
                 W_IS_FLOAT: tl.constexpr, W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr,
                 W_BIAS: tl.constexpr, W_SPECIAL: tl.constexpr, SCALE_IS_CODE: tl.constexpr,
@@ -31,15 +32,21 @@ def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, stride_wn, stride_
     int8), so both operands feed an fp8 / int8 MMA and both scales multiply the partial product (POST_SCALE).
     ACT_KIND 3 (e2m1 codes, e8m0 block scales) / 4 (e2m1, e4m3 block scales): x is decoded times its block
     scale in registers -- exact in bf16 (at most 6 significant bits) -- and meets the scaled weight in a bf16
-    MMA (the global scales are the caller's, in the epilogue)."""
+    MMA (the global scales are the caller's, in the epilogue).
+
+    HAS_PERM (act-order weights, 16-bit activations): the weight is stored in permuted K order, and x's column
+    ``perm_ptr[k]`` meets stored column k -- gathered here instead of permuting x in memory per call."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in range(t_begin, t_end):
         k0 = t * BLOCK_K
         offs_k = k0 + tl.arange(0, BLOCK_K)
+        kx = offs_k
+        if HAS_PERM:
+            kx = tl.load(perm_ptr + offs_k, mask=offs_k < K, other=0)
         if EVEN_K:
-            x = tl.load(x_rows + offs_k[None, :], mask=mask_m, other=0)
+            x = tl.load(x_rows + kx[None, :], mask=mask_m, other=0)
         else:
-            x = tl.load(x_rows + offs_k[None, :], mask=mask_m & (offs_k[None, :] < K), other=0)
+            x = tl.load(x_rows + kx[None, :], mask=mask_m & (offs_k[None, :] < K), other=0)
         w = dequant_tile(w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, offs_n, k0,
                          N, K, BLOCK_N, BLOCK_K, EVEN_K, not POST_SCALE, BITS, GROUP_K, GROUP_N, ZERO_KIND,
                          W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT,
@@ -105,9 +112,9 @@ def dense_tiled_kernel(
     t_begin = tl.program_id(1) * tiles
     t_end = tl.minimum(t_begin + tiles, tl.cdiv(K, BLOCK_K))
     acc = tile_matmul(x_ptr + offs_m[:, None] * stride_xm, xs_ptr + offs_m[:, None] * stride_xsm,
-                      offs_m[:, None] < M, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk,
-                      offs_n, t_begin, t_end, N, K, BLOCK_M, BLOCK_N, BLOCK_K, POST_SCALE, DOT_F32, EVEN_K, ACT_KIND,
-                      ACT_GROUP_K, BITS, GROUP_K, GROUP_N, ZERO_KIND, W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS,
+                      offs_m[:, None] < M, w_ptr, s_ptr, z_ptr, x_ptr, stride_wn, stride_sn, stride_sk, stride_zn,
+                      stride_zk, offs_n, t_begin, t_end, N, K, BLOCK_M, BLOCK_N, BLOCK_K, POST_SCALE, DOT_F32, EVEN_K,
+                      False, ACT_KIND, ACT_GROUP_K, BITS, GROUP_K, GROUP_N, ZERO_KIND, W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS,
                       W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
     store_output(acc, y_ptr, b_ptr, g_ptr, offs_m, offs_n, offs_m < M, N, stride_ym, SPLIT_K, HAS_BIAS,
                  HAS_GLOBAL)

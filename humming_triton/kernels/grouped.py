@@ -22,8 +22,9 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
     """``y[r] = x[r] @ dequant(qw[e]).T (+ bias[e])`` for rows ``offsets[e] <= r < offsets[e+1]``; for an
     activation-quantized scheme x is quantized first (all rows at once, as the reference does) and the tiles
     run on its codes like the dense quantized-activation path."""
-    if qw.k_perm is not None:
-        raise NotImplementedError("the Triton grouped GEMM does not take act-order (k_perm) experts yet")
+    if qw.k_perm is not None and qw.scheme.act is not None:
+        raise NotImplementedError(f"act-order (k_perm) experts with quantized activations ({qw.scheme.name}) have "
+                                  f"no Triton grouped GEMM")
     t, k = x.shape
     n, e = qw.N, qw.num_experts
     out_dtype = out.dtype if out is not None else (out_dtype or x.dtype)
@@ -66,13 +67,18 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
     if gscale is None:
         gscale = qw.scales
     b = bias if bias is not None else y
+    # act-order experts: the kernel gathers x's columns through k_perm ([K] shared or [E, K] per expert)
+    perm, stride_pe = offsets, 0
+    if qw.k_perm is not None:
+        perm = qw.k_perm.contiguous()
+        stride_pe = perm.stride(0) if perm.dim() == 2 else 0
     grid = (triton.cdiv(t, bm) + e, triton.cdiv(n, block_n))
     grouped_tiled_kernel[grid](
-        x, qw.data, qw.scales, zeros, gscale, b, y, offsets, tile_cum, xs, n, k, e, x.stride(0),
+        x, qw.data, qw.scales, zeros, gscale, b, y, offsets, tile_cum, xs, perm, n, k, e, x.stride(0),
         qw.data.stride(0), qw.data.stride(1), qw.scales.stride(0), qw.scales.stride(1), qw.scales.stride(2),
         zeros.stride(0), zeros.stride(1), zeros.stride(2), b.stride(0) if bias is not None else 0, y.stride(0),
-        stride_xsm, stride_ge, E_POW2=triton.next_power_of_2(e), BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=bk,
-        POST_SCALE=post, DOT_F32=interpreting() or x.dtype == torch.float32, EVEN_K=k % bk == 0,
-        HAS_BIAS=bias is not None, ACT_KIND=kind, ACT_GROUP_K=act_group, num_warps=num_warps,
+        stride_xsm, stride_ge, stride_pe, E_POW2=triton.next_power_of_2(e), BLOCK_M=bm, BLOCK_N=block_n,
+        BLOCK_K=bk, POST_SCALE=post, DOT_F32=interpreting() or x.dtype == torch.float32, EVEN_K=k % bk == 0,
+        HAS_BIAS=bias is not None, HAS_PERM=qw.k_perm is not None, ACT_KIND=kind, ACT_GROUP_K=act_group, num_warps=num_warps,
         num_stages=num_stages, **{**fmt, "HAS_GLOBAL": has_global})
     return y

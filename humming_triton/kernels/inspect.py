@@ -75,8 +75,10 @@ def compile_report(scheme: str, m: int, n: int, k: int, cfg: configs.DenseConfig
     return {"scheme": s.name, "M": m, "N": n, "K": k, **asdict(cfg), **out}
 
 
-def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: str = "bf16", arch: int = 90) -> dict:
-    """The same report for the grouped (MoE) kernel with the tiles its launcher picks for ``rows`` routed rows."""
+def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: str = "bf16", arch: int = 90,
+                   act_order: bool = False) -> dict:
+    """The same report for the grouped (MoE) kernel with the tiles its launcher picks for ``rows`` routed rows
+    (``act_order``: experts with a K permutation, gathered in the kernel)."""
     from ._grouped_tiled import grouped_tiled_kernel
     from .dense import ACT_KINDS, act_block_k
     s = QuantScheme.parse(scheme)
@@ -91,11 +93,12 @@ def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: st
         fmt["GROUP_K"] = max(k, block_k)
     post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= block_k and fmt["GROUP_K"] % block_k == 0
     consts = dict(E_POW2=triton.next_power_of_2(experts), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                  POST_SCALE=post, DOT_F32=False, EVEN_K=k % block_k == 0, HAS_BIAS=False, ACT_KIND=kind,
+                  POST_SCALE=post, DOT_F32=False, EVEN_K=k % block_k == 0, HAS_BIAS=False, HAS_PERM=act_order,
+                  ACT_KIND=kind,
                   ACT_GROUP_K=(s.act.group_k or 1 << 30) if s.act is not None else 1,
                   **{**fmt, "HAS_GLOBAL": fmt["HAS_GLOBAL"] or (s.act is not None and s.act.global_scale)})
     ptrs = {**_pointer_types(s, act, 1), "offsets_ptr": "*i64", "tile_cum_ptr": "*i32",
-            "xs_ptr": "*u8" if kind >= 3 else "*fp32"}
+            "xs_ptr": "*u8" if kind >= 3 else "*fp32", "perm_ptr": "*i64"}
     if s.act is not None:
         ptrs["x_ptr"] = "*u8"
     out = _compile(grouped_tiled_kernel, consts, ptrs, dict(N=n, K=k, stride_xm=k), 4, 3, arch)
