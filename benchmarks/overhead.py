@@ -3,12 +3,14 @@
 Decode steps are short (tens of µs of GPU work per layer), so the CPU time to get a kernel launched decides
 eager and torch.compile speed unless the step is replayed as a CUDA graph.  For one W4A16 4096x4096 layer at
 M = 1 this prints the CPU µs per call (no sync inside the timed loop) of: the raw Triton launcher, ``ht.quant_linear``,
-the ``QuantLinear`` module (custom op), and the module under ``torch.compile(fullgraph=True)``; the GPU µs of
+the ``QuantLinear`` module (torch.library op), both again with the compiled-kernel replay
+(``HUMMING_TRITON_LAUNCH_REPLAY=1``), and the module under ``torch.compile(fullgraph=True)``; the GPU µs of
 one call (CUDA-graph replay); whether the compiled path rebuilt QuantWeights or recompiled; and the top host
 ops of a profiled compiled call.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -52,7 +54,19 @@ def main() -> int:
         rows["bf16 F.linear (cuBLAS)"] = _cpu_us(lambda: torch.nn.functional.linear(x, lin.weight))
         rows["triton_linear (launcher)"] = _cpu_us(lambda: triton_linear(x, qw))
         rows["ht.quant_linear"] = _cpu_us(lambda: ht.quant_linear(x, qw))
-        rows["QuantLinear (custom op)"] = _cpu_us(lambda: mod(x))
+        rows["QuantLinear (op)"] = _cpu_us(lambda: mod(x))
+        # the same, with Triton's compiled kernel replayed directly (HUMMING_TRITON_LAUNCH_REPLAY=1; fresh plans)
+        os.environ["HUMMING_TRITON_LAUNCH_REPLAY"] = "1"
+        try:
+            cached = (qw, getattr(mod.quant_weight.data, ops._CACHE_ATTR, (None, qw))[1])  # the op's QuantWeight
+            for w in cached:
+                w.cache.pop("triton_launches", None)
+            rows["triton_linear (replay)"] = _cpu_us(lambda: triton_linear(x, qw))
+            rows["QuantLinear (op, replay)"] = _cpu_us(lambda: mod(x))
+        finally:
+            os.environ.pop("HUMMING_TRITON_LAUNCH_REPLAY")
+            for w in cached:
+                w.cache.pop("triton_launches", None)
         compiled = torch.compile(mod, fullgraph=True)
         compiled(x)
         torch._dynamo.utils.counters.clear()
