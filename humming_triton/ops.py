@@ -16,13 +16,15 @@ changed in place, e.g. by ``load_state_dict``).
 The ops are defined on a ``torch.library.Library`` with one CompositeExplicitAutograd kernel each (schema
 inferred from the annotations, fake implementations via ``register_fake``) rather than with
 ``torch.library.custom_op``: the latter wraps every call in Python that re-checks output aliasing, which cost
-more host time than the decode GEMM takes on the GPU (benchmarks/results/h200/overhead.txt).  No autograd: these
-are inference ops (an output has no grad_fn).
+more host time than the decode GEMM takes on the GPU (benchmarks/results/h200/overhead.txt).  Autograd:
+``quant_linear`` differentiates with respect to its activation and bias (frozen weight, e.g. adapters trained on
+a quantized base model); the other ops raise if backpropagated through.
 
 The modules in ``humming_triton.nn`` call these ops; ``ht.quant_linear`` & co. stay plain Python functions.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -31,10 +33,11 @@ import torch
 from .formats.activation import QuantActivation
 from .formats.dtypes import WideFloat
 from .formats.scheme import PRESETS, ActQuant, QuantScheme
+from .formats.quantize import dequantize_weight
 from .formats.weight import QuantWeight
 
-__all__ = ["quant_linear_op", "grouped_linear_op", "fused_moe_op", "quantize_activation_op", "weight_args",
-           "quant_weight_from_args"]
+__all__ = ["quant_linear_op", "grouped_linear_op", "fused_moe_op", "quantize_activation_op", "dequantize_op",
+           "weight_args", "quant_weight_from_args"]
 
 _Tensor = torch.Tensor
 _OptT = Optional[torch.Tensor]
@@ -115,6 +118,63 @@ def _(x, data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, 
       out_dtype=None):
     _check_k(x, shape, "quant_linear")
     return x.new_empty(*x.shape[:-1], shape[-2], dtype=out_dtype or x.dtype)
+
+
+@_define("dequantize")
+def dequantize_op(data: _Tensor, scales: _Tensor, zeros: _OptT, global_scale: _OptT, input_scale: _OptT,
+                  wbias: _OptT, k_perm: _OptT, scheme: str, shape: list[int], dtype: torch.dtype) -> _Tensor:
+    """The dequantized weight in logical K order, in ``dtype`` (2-D weights): the Triton dequantize kernel on
+    CUDA, the reference elsewhere.  quant_linear's backward uses it (a fresh copy per call: a cached dense
+    weight per layer is what quantization saves)."""
+    from .dispatch import interpreting, triton_available
+    qw = quant_weight_from_args(data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape)
+    if not (data.is_cuda and triton_available() and not interpreting()) or qw.num_experts is not None:
+        return dequantize_weight(qw).to(dtype)
+    from .kernels.dense import triton_dequantize
+    stored = qw if qw.k_perm is None else dataclasses.replace(qw, k_perm=None, cache={})
+    w = triton_dequantize(stored, dtype)
+    # stored column j is logical column k_perm[j]
+    return w if qw.k_perm is None else torch.empty_like(w).index_copy_(1, qw.k_perm, w)
+
+
+@_fake("dequantize")
+def _(data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape, dtype):
+    return data.new_empty(shape, dtype=dtype)
+
+
+def _quant_linear_setup(ctx, inputs, output):
+    x, data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape, bias = inputs[:11]
+    ctx.save_for_backward(data, scales, zeros, global_scale, input_scale, wbias, k_perm)
+    ctx.scheme, ctx.shape, ctx.x_dtype, ctx.bias_given = scheme, list(shape), x.dtype, bias is not None
+    b = bias if bias is not None else wbias
+    ctx.bias_dtype = None if b is None else b.dtype
+
+
+def _quant_linear_backward(ctx, grad):
+    """Gradients for the activation and the bias; the quantized weight is frozen (QLoRA-style training through
+    quantized layers).  Quantized activations pass the gradient straight through their rounding."""
+    n, k = ctx.shape[-2], ctx.shape[-1]
+    g2 = grad.reshape(-1, n)
+    gx = gb = gwb = None
+    if ctx.needs_input_grad[0]:  # through the dequantize op: traceable by torch.compile's autograd
+        w = dequantize_op(*ctx.saved_tensors, ctx.scheme, ctx.shape, g2.dtype)
+        gx = (g2 @ w).reshape(*grad.shape[:-1], k).to(ctx.x_dtype)
+    bias_grad_slot = 10 if ctx.bias_given else 6  # the override is the bias in effect, else the weight's own
+    if ctx.needs_input_grad[bias_grad_slot]:
+        gsum = g2.float().sum(0).to(ctx.bias_dtype)
+        gb, gwb = (gsum, None) if ctx.bias_given else (None, gsum)
+    return gx, None, None, None, None, None, gwb, None, None, None, gb, None, None
+
+
+def _not_differentiable(name: str):
+    def backward(ctx, *grads):
+        raise NotImplementedError(f"humming_triton::{name} has no backward (only quant_linear does: gradients for "
+                                  f"the activation and bias through a frozen quantized weight)")
+    return backward
+
+
+torch.library.register_autograd("humming_triton::quant_linear", _quant_linear_backward,
+                                setup_context=_quant_linear_setup, lib=_LIB)
 
 
 # --- grouped_linear --------------------------------------------------------------------------------------------
@@ -201,3 +261,7 @@ def quantize_activation(x: _Tensor, spec: "ActQuant | QuantScheme | str", input_
     codes, scales, gs = quantize_activation_op(x, str(spec), input_scale)
     return QuantActivation(codes, scales, spec, gs.reshape(()) if gs.numel() else None)
 
+
+for _name in ("grouped_linear", "fused_moe", "quantize_activation", "dequantize"):
+    torch.library.register_autograd(f"humming_triton::{_name}", _not_differentiable(_name),
+                                    setup_context=lambda ctx, inputs, output: None, lib=_LIB)

@@ -108,3 +108,54 @@ def test_compile_quant_linear_fullgraph(rng):
     compiled = torch.compile(mod, fullgraph=True, dynamic=False)
     x = torch.randn(3, 128, generator=rng)
     torch.testing.assert_close(compiled(x), mod(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("preset", ["w4a16", "w8a8-fp8"])
+def test_quant_linear_backward_through_frozen_weight(preset, rng):
+    """quant_linear differentiates w.r.t. x and the bias (frozen quantized weight; quantized activations pass the
+    gradient straight through): dx = dy @ W_hat, dbias = sum(dy).  Module path, eager and compiled."""
+    lin = torch.nn.Linear(128, 48)
+    mod = ht.QuantLinear.from_linear(lin, preset, backend="reference")
+    mod.bias = torch.nn.Parameter(torch.randn(48, generator=rng))
+    x = torch.randn(3, 5, 128, generator=rng, requires_grad=True)
+    dy = torch.randn(3, 5, 48, generator=rng)
+    for fn in (mod, torch.compile(mod, fullgraph=True)):
+        x.grad = mod.bias.grad = None
+        fn(x).backward(dy)
+        w_hat = ht.dequantize_weight(mod.quant_weight).double()
+        torch.testing.assert_close(x.grad.double(), dy.double() @ w_hat, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mod.bias.grad.double(), dy.double().sum((0, 1)), rtol=1e-5, atol=1e-5)
+
+
+def test_dequantize_op(rng):
+    qw = ht.quantize_weight(torch.randn(24, 128, generator=rng), "w4a16-asym")
+    args = (*ops.weight_args(qw), torch.bfloat16)
+    torch.library.opcheck(torch.ops.humming_triton.dequantize.default, args)
+    assert torch.equal(ops.dequantize_op(*args), ht.dequantize_weight(qw).to(torch.bfloat16))
+
+
+def test_other_ops_refuse_backward(rng):
+    qw = ht.quantize_weight(torch.randn(2, 16, 128, generator=rng), "w4a16")
+    x = torch.randn(3, 128, generator=rng, requires_grad=True)
+    y = ops.grouped_linear_op(x, *ops.weight_args(qw), torch.tensor([0, 1, 3]), None, "reference", None)
+    with pytest.raises(NotImplementedError, match="grouped_linear has no backward"):
+        y.sum().backward()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("preset", ["w4a16", "nvfp4", "w4a4-mxfp4"])
+def test_quant_linear_backward_on_gpu(preset, act_order, rng):
+    """On CUDA the backward dequantizes with the Triton kernel (and un-permutes act-order columns)."""
+    import dataclasses
+    n, k = 320, 1024
+    qw = ht.quantize_weight(torch.randn(n, k, generator=rng) * 0.05, preset)
+    if act_order:
+        qw = dataclasses.replace(qw, k_perm=torch.randperm(k, generator=rng), cache={})
+    mod = ht.QuantLinear.from_quant_weight(qw).cuda()
+    x = torch.randn(4, k, generator=rng).cuda().bfloat16().requires_grad_()
+    dy = torch.randn(4, n, generator=rng).cuda().bfloat16()
+    mod(x).backward(dy)
+    want = dy.double().cpu() @ ht.dequantize_weight(qw).double()
+    rel = ((x.grad.double().cpu() - want).norm() / want.norm()).item()
+    assert rel < 4 * 2.0 ** -8, f"{preset} act_order={act_order}: dx off by {rel:.3g}"
