@@ -45,7 +45,17 @@ def _triton_reason(op: str, x: torch.Tensor, qw: QuantWeight) -> str | None:
     return supports(op, qw.scheme, x.dtype)
 
 
-def select_backend(op: str, x: torch.Tensor, qw: QuantWeight, backend: str = "auto") -> str:
+def _call_reason(op: str, x: torch.Tensor, qw: QuantWeight, more: tuple) -> str | None:
+    for w in (qw, *more):
+        why = _triton_reason(op, x, w)
+        if why:
+            return why
+    return None
+
+
+def select_backend(op: str, x: torch.Tensor, qw: QuantWeight, backend: str = "auto",
+                   *more: QuantWeight) -> str:
+    """``more``: further weights of the same call (fused MoE's down projection), checked like ``qw``."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
     if backend == "reference":
@@ -53,12 +63,12 @@ def select_backend(op: str, x: torch.Tensor, qw: QuantWeight, backend: str = "au
     elif backend == "cutlass":
         raise NotImplementedError("the CUTLASS backend is not built yet; use backend='triton' or 'reference'")
     elif backend == "triton":
-        why = _triton_reason(op, x, qw)
+        why = _call_reason(op, x, qw, more)
         if why:
             raise RuntimeError(f"backend='triton' cannot run {op} for scheme {qw.scheme.name}: {why}")
         chosen = "triton"
     else:
-        why = _triton_reason(op, x, qw) if (x.is_cuda or interpreting()) else "CPU tensors"
+        why = _call_reason(op, x, qw, more) if (x.is_cuda or interpreting()) else "CPU tensors"
         chosen = "triton" if why is None else "reference"
         if x.is_cuda and why is not None:
             _warn_once(op, qw.scheme.name, why)

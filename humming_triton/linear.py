@@ -53,7 +53,7 @@ def fused_moe(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight, topk_weig
 
     On CUDA (``auto`` or ``triton``) two grouped GEMMs run with device-side routing and no host sync, so the
     op can be captured in a CUDA graph; the reference syncs (it sorts tokens on the host's schedule)."""
-    chosen = select_backend("fused_moe", hidden, w13, backend)
+    chosen = select_backend("fused_moe", hidden, w13, backend, w2)
     if chosen == "triton":
         if hidden.dim() != 2 or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != hidden.shape[0]:
             raise ValueError(f"fused_moe takes hidden [T, H] and topk_ids / topk_weights [T, top_k], got "

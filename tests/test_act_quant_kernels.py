@@ -127,6 +127,8 @@ def test_fp8_path_under_auto_and_names_what_it_cannot_do(monkeypatch):
     assert ht.last_backend() == "triton"  # auto runs the kernels (here interpreted; verified on the H200)
     for scheme, msg in [("weight=e2m1,scale=e8m0:g32,act=e2m1/e8m0:token", "e2m1 with e8m0 block scales"),
                         ("weight=e2m1,scale=e8m0:g32,act=e2m1/e4m3fn:g16", "e2m1 with e8m0 block scales"),
+                        # a static MX scale is the calibrated input_scale, which the fused quantizer does not take
+                        ("weight=e2m1,scale=e8m0:g32,act=e2m1/e8m0:g32:static", "dynamic e2m1"),
                         ("weight=int8,scale=fp32:channel,act=e4m3fn/fp32:token", "not exactly representable"),
                         ("weight=e2m1,scale=e8m0:g32,act=int8/fp32:token", "not exactly representable")]:
         q = ht.quantize_weight(torch.randn(16, 128), scheme)

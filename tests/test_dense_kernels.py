@@ -173,7 +173,8 @@ def _launch_replay_case(preset, device, rng):
     buf = torch.randn(40 * k + 8, generator=rng).to(dtype).to(device)
     # (M, element offset of x in buf: 1 misaligns it by 2 bytes, bias passed?, out given?)
     calls = [(1, 0, False, False), (1, 0, False, False), (3, 0, False, False), (1, 1, False, False),
-             (3, 0, True, False), (1, 0, False, True), (3, 0, False, False), (1, 1, False, False)]
+             (3, 0, True, False), (1, 0, False, True), (3, 0, False, False), (1, 1, False, False),
+             (24, 0, False, False), (24, 0, False, False)]  # M = 24: the tiled family (a 2-axis grid)
     for m, off, with_bias, with_out in calls:
         buf.copy_(torch.randn(buf.shape, generator=rng).to(dtype))  # fresh values each call, same storage
         x = buf[off:off + m * k].view(m, k)
@@ -183,8 +184,10 @@ def _launch_replay_case(preset, device, rng):
             assert y.data_ptr() == out.data_ptr()
         ref = ht.reference_linear(x.cpu(), qc, bias=bias.cpu() if with_bias else None,
                                   out_dtype=torch.float32).double()
-        offset = None if preset == "w3a16" else zero_offset(qc)  # the word-major GEMV runs M = 1 and 3
-        assert_linear_close(y.cpu(), ref, x.cpu().float(), w_hat, torch.float32,
+        # the word-major GEMV runs M = 1 and 3 (it subtracts zero * scale * sum(x) apart); the tiled one M = 24
+        offset = None if preset == "w3a16" or m > 8 else zero_offset(qc)
+        mma = torch.float32 if m <= 8 else dtype
+        assert_linear_close(y.cpu(), ref, x.cpu().float(), w_hat, mma,
                             f"{preset} M={m} offset={off} bias={with_bias} out={with_out}", offset)
     return qw.cache["triton_launches"]
 
@@ -192,8 +195,8 @@ def _launch_replay_case(preset, device, rng):
 @pytest.mark.interpret
 def test_launch_cache_keys(rng):
     launches = _launch_replay_case("w4a16", "cpu", rng)
-    # (1,0), (3,0), (1,1), (3,0,bias), (1,0,out): five signatures; no compiled kernel under the interpreter
-    assert len(launches) == 5 and all(launch.runner is None for launch in launches.values())
+    # (1,0), (3,0), (1,1), (3,0,bias), (1,0,out), (24,0): six signatures; no compiled kernel under the interpreter
+    assert len(launches) == 6 and all(launch.runner is None for launch in launches.values())
 
 
 @pytest.mark.gpu
@@ -201,4 +204,4 @@ def test_launch_cache_keys(rng):
 def test_launch_replay_on_gpu(preset, rng, monkeypatch):
     monkeypatch.setenv("HUMMING_TRITON_LAUNCH_REPLAY", "1")
     launches = _launch_replay_case(preset, "cuda", rng)
-    assert len(launches) == 5 and all(launch.runner is not None for launch in launches.values())
+    assert len(launches) == 6 and all(launch.runner is not None for launch in launches.values())

@@ -173,3 +173,19 @@ def test_act_order_with_quantized_activations_is_named(monkeypatch, rng):
     assert ht.last_backend("grouped_linear") == "reference"
     with pytest.raises(RuntimeError, match="act-order"):
         ht.grouped_linear(x, qw, offsets, backend="triton")
+
+
+def test_fused_moe_checks_both_weights(monkeypatch, rng):
+    """Only the down projection is act-order with quantized activations: auto still keeps the reference."""
+    import dataclasses
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    h, inter, e = 64, 32, 3
+    w13 = ht.quantize_weight(torch.randn(e, 2 * inter, h, generator=rng), "w8a8-fp8")
+    w2 = ht.quantize_weight(torch.randn(e, h, inter, generator=rng), "w8a8-fp8")
+    w2 = dataclasses.replace(w2, k_perm=torch.randperm(inter, generator=rng), cache={})
+    x = torch.randn(4, h, generator=rng).half()
+    wts, ids = torch.topk(torch.softmax(torch.randn(4, e, generator=rng), -1), 2)
+    ht.fused_moe(x, w13, w2, wts, ids)
+    assert ht.last_backend("fused_moe") == "reference"
+    with pytest.raises(RuntimeError, match="act-order"):
+        ht.fused_moe(x, w13, w2, wts, ids, backend="triton")

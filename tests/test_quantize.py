@@ -87,3 +87,14 @@ def test_bias_and_input_scale_are_carried(rng):
     b = torch.randn(64, generator=rng)
     qw = ht.quantize_weight(torch.randn(64, 128, generator=rng), "w8a8-fp8", bias=b, input_scale=0.5)
     assert torch.equal(qw.bias, b) and qw.input_scale.item() == 0.5
+
+
+def test_e8m0_scale_is_exact_ceil_log2():
+    """2**ceil(log2(s)) from the float64 bits: exact just above a power of two (where a rounded log2 can land on
+    the integer), clamped to the e8m0 range, inf saturating like the fused kernels."""
+    from humming_triton.formats.dtypes import parse_scale_type
+    from humming_triton.formats.quantize import round_scale
+    s = torch.tensor([1.0, 1 + 2.0 ** -52, 0.75, 2.0 ** -130, 2.0 ** 130, float("inf")], dtype=torch.float64)
+    codes, vals = round_scale(s, parse_scale_type("e8m0"))
+    assert codes.tolist() == [127, 128, 127, 0, 254, 254]
+    assert vals[:3].tolist() == [1.0, 2.0, 1.0]

@@ -76,7 +76,8 @@ def round_scale(s: torch.Tensor, d) -> tuple[torch.Tensor, torch.Tensor]:
         # ceil(log2(s)) exactly (a rounded log2 can land on an integer just above a power of two):
         # s = mant * 2**exp with mant in [0.5, 1), so s is a power of two iff mant == 0.5
         mant, exp = torch.frexp(s)
-        e = (exp - (mant == 0.5).to(exp.dtype)).clamp(-127, 127) + 127
+        e = exp - (mant == 0.5).to(exp.dtype)
+        e = torch.where(torch.isinf(s), 127, e).clamp(-127, 127) + 127  # frexp(inf) has exponent 0
         codes = e.to(torch.int32)
     else:  # e4m3 scale: never round to zero
         codes = d.encode(s.clamp(min=d.value_table()[1].item()))

@@ -34,9 +34,11 @@ def fp8_path_reason(op: str, scheme: QuantScheme) -> str | None:
     if str(a.dtype) == "e2m1":  # W4A4: the e2m1 quantizer, then dequantize both operands for cuBLAS (dequant_mm)
         mx = str(a.scale_dtype) == "e8m0" and not a.global_scale
         nv = str(a.scale_dtype) == "e4m3fn" and a.global_scale
-        if not a.group_k or not (mx or nv):
-            return f"activation quantization {a} has no Triton kernel yet (e2m1 with e8m0 block scales, or e4m3 " \
-                   f"block scales and a global scale)"
+        if not a.group_k or not (mx or nv) or (a.static and not a.global_scale):
+            return f"activation quantization {a} has no Triton kernel yet (dynamic e2m1 with e8m0 block scales, or " \
+                   f"e4m3 block scales and a global scale)"
+        if a.group_k & (a.group_k - 1):
+            return f"activation group {a.group_k} must be a power of two"
         return None
     if str(a.dtype) not in ("e4m3fn", "int8") or str(a.scale_dtype) != "fp32" or a.static or a.global_scale \
             or not a.per_token:

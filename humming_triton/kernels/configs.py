@@ -158,8 +158,9 @@ def act_block_k(bk: int, k: int, weight_group_k: int, act_group_k: int, act_dtyp
 
     fp8 / int8: both scales multiply partial products, so the tile divides both groups; fp8/int8 MMAs need
     K >= 32.  e2m1: a whole number of activation groups per tile (x is scaled before the bf16 MMA); when code x
-    scale is not exact in bf16 (``weight_exact_bf16`` false, e.g. fp16 scales), one weight group per tile so that
-    its scale multiplies the fp32 partial product and the MMA sees the exact codes."""
+    scale is not exact in bf16 (``weight_exact_bf16`` false, e.g. fp16 scales) and the weight group is at least
+    the activation group, one weight group per tile, so that its scale multiplies the fp32 partial product and
+    the MMA sees the exact codes (smaller weight groups: the scaled weight is rounded to bf16)."""
     if act_dtype == "e2m1":
         bk = max(fit_block_k(bk, weight_group_k or k, k, 4), act_group_k)
         if not weight_exact_bf16 and weight_group_k and act_group_k <= weight_group_k < min(bk, k):

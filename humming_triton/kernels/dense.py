@@ -153,7 +153,8 @@ class _Launch:
     __slots__ = ("kernel", "grid", "kwargs", "runner", "args", "slots", "m", "split", "out_dtype")
 
     def __init__(self, kernel, grid, kwargs: dict, m: int, split: int, out_dtype: torch.dtype):
-        self.kernel, self.grid, self.kwargs = kernel, grid, kwargs
+        # three grid axes: the compiled kernel's runner indexes grid[0..2] (JITFunction.run pads, it does not)
+        self.kernel, self.grid, self.kwargs = kernel, tuple(grid) + (1,) * (3 - len(grid)), kwargs
         self.m, self.split, self.out_dtype = m, split, out_dtype
         self.runner = None
         names = kernel.arg_names  # every parameter, constexprs included: the order Triton's launcher takes
@@ -191,8 +192,8 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
     bias = qw.bias if bias is None else bias
     key = (m, x2.dtype, out_dtype, x2.device, x2.stride(0), _alignment(x2), _alignment(bias),
            None if bias is None else bias.dtype, None if out is None else (out.stride(0), _alignment(out)), config,
-           qw.data.data_ptr(), qw.scales.data_ptr(), _alignment(qw.zeros), _alignment(qw.global_scale),
-           None if qw.zeros is None else qw.zeros.data_ptr())
+           qw.data.data_ptr(), qw.scales.data_ptr(), None if qw.zeros is None else qw.zeros.data_ptr(),
+           None if qw.global_scale is None else qw.global_scale.data_ptr())
     launches = qw.cache.setdefault("triton_launches", {})
     launch = launches.get(key)
     if launch is None:

@@ -144,3 +144,22 @@ def _main_loop_size(sass: str) -> int:
         if target < at:
             best = max(best, (at - target) // 16 + 1)
     return best
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("scheme")
+    ap.add_argument("--shape", default="8192x8192", help="NxK")
+    ap.add_argument("--m", default="1,16,64,256")
+    args = ap.parse_args(argv)
+    n, k = map(int, args.shape.split("x"))
+    for m in map(int, args.m.split(",")):
+        try:
+            print(compile_report(args.scheme, m, n, k))
+        except ValueError as e:
+            print(f"M={m}: {e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
