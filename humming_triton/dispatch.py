@@ -45,12 +45,13 @@ def _triton_reason(op: str, x: torch.Tensor, qw: QuantWeight) -> str | None:
     return supports(op, qw.scheme, x.dtype)
 
 
-def _call_reason(op: str, x: torch.Tensor, qw: QuantWeight, more: tuple) -> str | None:
-    for w in (qw, *more):
+def _call_reason(op: str, x: torch.Tensor, weights: tuple) -> tuple[str | None, str]:
+    """(why Triton cannot run this call or None, the scheme concerned)."""
+    for w in weights:
         why = _triton_reason(op, x, w)
         if why:
-            return why
-    return None
+            return why, w.scheme.name
+    return None, weights[0].scheme.name
 
 
 def select_backend(op: str, x: torch.Tensor, qw: QuantWeight, backend: str = "auto",
@@ -63,15 +64,15 @@ def select_backend(op: str, x: torch.Tensor, qw: QuantWeight, backend: str = "au
     elif backend == "cutlass":
         raise NotImplementedError("the CUTLASS backend is not built yet; use backend='triton' or 'reference'")
     elif backend == "triton":
-        why = _call_reason(op, x, qw, more)
+        why, scheme = _call_reason(op, x, (qw, *more))
         if why:
-            raise RuntimeError(f"backend='triton' cannot run {op} for scheme {qw.scheme.name}: {why}")
+            raise RuntimeError(f"backend='triton' cannot run {op} for scheme {scheme}: {why}")
         chosen = "triton"
     else:
-        why = _call_reason(op, x, qw, more) if (x.is_cuda or interpreting()) else "CPU tensors"
+        why, scheme = _call_reason(op, x, (qw, *more)) if (x.is_cuda or interpreting()) else ("CPU tensors", "")
         chosen = "triton" if why is None else "reference"
         if x.is_cuda and why is not None:
-            _warn_once(op, qw.scheme.name, why)
+            _warn_once(op, scheme, why)
     _last[op] = chosen
     return chosen
 

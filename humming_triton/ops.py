@@ -144,7 +144,9 @@ def _(data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, sha
 
 def _quant_linear_setup(ctx, inputs, output):
     x, data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape, bias = inputs[:11]
-    ctx.save_for_backward(data, scales, zeros, global_scale, input_scale, wbias, k_perm)
+    # held as attributes, not save_for_backward: the weight is frozen, and weights made under inference_mode
+    # (inference tensors) cannot be saved for backward at all
+    ctx.weight = (data, scales, zeros, global_scale, input_scale, wbias, k_perm)
     ctx.scheme, ctx.shape, ctx.x_dtype, ctx.bias_given = scheme, list(shape), x.dtype, bias is not None
     b = bias if bias is not None else wbias
     ctx.bias_dtype = None if b is None else b.dtype
@@ -157,7 +159,7 @@ def _quant_linear_backward(ctx, grad):
     g2 = grad.reshape(-1, n)
     gx = gb = gwb = None
     if ctx.needs_input_grad[0]:  # through the dequantize op: traceable by torch.compile's autograd
-        w = dequantize_op(*ctx.saved_tensors, ctx.scheme, ctx.shape, g2.dtype)
+        w = dequantize_op(*ctx.weight, ctx.scheme, ctx.shape, g2.dtype)
         gx = (g2 @ w).reshape(*grad.shape[:-1], k).to(ctx.x_dtype)
     bias_grad_slot = 10 if ctx.bias_given else 6  # the override is the bias in effect, else the weight's own
     if ctx.needs_input_grad[bias_grad_slot]:
@@ -166,10 +168,33 @@ def _quant_linear_backward(ctx, grad):
     return gx, None, None, None, None, None, gwb, None, None, None, gb, None, None
 
 
+@_define("no_backward")
+def no_backward_op(grad: _Tensor, name: str, shape: list[int], dtype: torch.dtype) -> _Tensor:
+    """The backward of the ops that have none: raises when it runs.  An op (with a fake) rather than a raise in
+    the backward itself, because torch.compile traces backwards ahead of time whenever an input requires grad
+    -- a forward-only compiled MoE model must not fail just because its embedding is trainable."""
+    raise NotImplementedError(f"humming_triton::{name} has no backward (only quant_linear does: gradients for the "
+                              f"activation and bias through a frozen quantized weight)")
+
+
+@_fake("no_backward")
+def _(grad, name, shape, dtype):
+    return grad.new_empty(shape, dtype=dtype)
+
+
+def _no_backward_setup(ctx, inputs, output):
+    ctx.slots = [(i, list(t.shape), t.dtype) for i, t in enumerate(inputs)
+                 if isinstance(t, torch.Tensor) and t.requires_grad]
+    ctx.inputs = len(inputs)
+
+
 def _not_differentiable(name: str):
     def backward(ctx, *grads):
-        raise NotImplementedError(f"humming_triton::{name} has no backward (only quant_linear does: gradients for "
-                                  f"the activation and bias through a frozen quantized weight)")
+        grad = next(g for g in grads if g is not None)
+        out = [None] * ctx.inputs
+        for i, shape, dtype in ctx.slots:  # raises when it runs
+            out[i] = no_backward_op(grad, name, shape, dtype)
+        return tuple(out)
     return backward
 
 
@@ -264,4 +289,4 @@ def quantize_activation(x: _Tensor, spec: "ActQuant | QuantScheme | str", input_
 
 for _name in ("grouped_linear", "fused_moe", "quantize_activation", "dequantize"):
     torch.library.register_autograd(f"humming_triton::{_name}", _not_differentiable(_name),
-                                    setup_context=lambda ctx, inputs, output: None, lib=_LIB)
+                                    setup_context=_no_backward_setup, lib=_LIB)

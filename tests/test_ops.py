@@ -135,11 +135,29 @@ def test_dequantize_op(rng):
 
 
 def test_other_ops_refuse_backward(rng):
+    """A backward through grouped_linear raises (eager and compiled), but a compiled forward with a
+    grad-requiring input works: torch.compile traces the backward ahead of time."""
     qw = ht.quantize_weight(torch.randn(2, 16, 128, generator=rng), "w4a16")
     x = torch.randn(3, 128, generator=rng, requires_grad=True)
-    y = ops.grouped_linear_op(x, *ops.weight_args(qw), torch.tensor([0, 1, 3]), None, "reference", None)
+    offsets, wargs = torch.tensor([0, 1, 3]), ops.weight_args(qw)
+    fn = lambda x: ops.grouped_linear_op(x * 2, *wargs, offsets, None, "reference", None)  # noqa: E731
+    want = fn(x)
     with pytest.raises(NotImplementedError, match="grouped_linear has no backward"):
-        y.sum().backward()
+        want.sum().backward()
+    got = torch.compile(fn, fullgraph=True)(x)
+    torch.testing.assert_close(got, want)
+    with pytest.raises(NotImplementedError, match="grouped_linear has no backward"):
+        got.sum().backward()
+
+
+def test_quant_linear_forward_with_inference_tensor_weights(rng):
+    """Weights made under inference_mode (inference tensors) still serve a grad-enabled forward + backward."""
+    with torch.inference_mode():
+        qw = ht.quantize_weight(torch.randn(24, 128, generator=rng), "w4a16")
+    mod = ht.QuantLinear.from_quant_weight(qw, backend="reference")
+    x = torch.randn(2, 128, generator=rng, requires_grad=True)
+    mod(x).sum().backward()
+    torch.testing.assert_close(x.grad, ht.dequantize_weight(qw).sum(0).expand(2, 128), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.gpu
