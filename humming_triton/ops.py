@@ -124,11 +124,11 @@ def _(x, data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, 
 def dequantize_op(data: _Tensor, scales: _Tensor, zeros: _OptT, global_scale: _OptT, input_scale: _OptT,
                   wbias: _OptT, k_perm: _OptT, scheme: str, shape: list[int], dtype: torch.dtype) -> _Tensor:
     """The dequantized weight in logical K order, in ``dtype`` (2-D weights): the Triton dequantize kernel on
-    CUDA, the reference elsewhere.  quant_linear's backward uses it (a fresh copy per call: a cached dense
+    CUDA (and under the interpreter), the reference elsewhere.  quant_linear's backward uses it (a fresh copy per call: a cached dense
     weight per layer is what quantization saves)."""
     from .dispatch import interpreting, triton_available
     qw = quant_weight_from_args(data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape)
-    if not (data.is_cuda and triton_available() and not interpreting()) or qw.num_experts is not None:
+    if not ((data.is_cuda or interpreting()) and triton_available()) or qw.num_experts is not None:
         return dequantize_weight(qw).to(dtype)
     from .kernels.dense import triton_dequantize
     stored = qw if qw.k_perm is None else dataclasses.replace(qw, k_perm=None, cache={})

@@ -127,11 +127,31 @@ def test_quant_linear_backward_through_frozen_weight(preset, rng):
         torch.testing.assert_close(mod.bias.grad.double(), dy.double().sum((0, 1)), rtol=1e-5, atol=1e-5)
 
 
-def test_dequantize_op(rng):
+@pytest.mark.parametrize("act_order", [False, True])
+def test_dequantize_op(act_order, rng):
+    """Under the interpreter the op runs the Triton dequantize kernel (and, for act-order weights, puts the
+    stored columns back in logical order), as on CUDA."""
+    import dataclasses
     qw = ht.quantize_weight(torch.randn(24, 128, generator=rng), "w4a16-asym")
-    args = (*ops.weight_args(qw), torch.bfloat16)
+    if act_order:
+        qw = dataclasses.replace(qw, k_perm=torch.randperm(128, generator=rng), cache={})
+    args = (*ops.weight_args(qw), torch.float32)
     torch.library.opcheck(torch.ops.humming_triton.dequantize.default, args)
-    assert torch.equal(ops.dequantize_op(*args), ht.dequantize_weight(qw).to(torch.bfloat16))
+    assert torch.equal(ops.dequantize_op(*args), ht.dequantize_weight(qw))
+
+
+def test_quant_linear_backward_act_order_and_own_bias(rng):
+    """dx through an act-order weight (logical column order) and the gradient of the weight's own bias."""
+    import dataclasses
+    qw = ht.quantize_weight(torch.randn(40, 256, generator=rng), "w4a16", bias=torch.randn(40, generator=rng))
+    qw = dataclasses.replace(qw, k_perm=torch.randperm(256, generator=rng), cache={})
+    wargs = list(ops.weight_args(qw))
+    wargs[5] = wargs[5].clone().requires_grad_()  # the weight's own bias (op slot 6)
+    x = torch.randn(3, 256, generator=rng, requires_grad=True)
+    dy = torch.randn(3, 40, generator=rng)
+    ops.quant_linear_op(x, *wargs, None, "reference", None).backward(dy)
+    torch.testing.assert_close(x.grad, dy @ ht.dequantize_weight(qw), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(wargs[5].grad, dy.sum(0), rtol=1e-5, atol=1e-5)
 
 
 def test_other_ops_refuse_backward(rng):
