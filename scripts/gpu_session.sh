@@ -6,7 +6,8 @@
 #   models  GPU tests of the grouped/fused-MoE kernels, the quantized-activation kernels and whole tiny models
 #           (eager vs reference, CUDA-graph replay, torch.compile)                      -> gpu_tests.txt
 #   presets the WnA16 preset GPU tests                                                    -> gpu_tests.txt
-#   verify  word-major GEMV + preset + grouped/MoE + quantized-activation + tiny-model GPU tests
+#   verify  word-major GEMV + launch replay + preset + grouped/MoE (incl. quantized activations, act-order) +
+#           quantized-activation + op backward + tiny-model GPU tests
 #   tune    the small-M sweep (M = $TUNE_M, default 2,4,8,16) for w4a16 at the headline shapes and mxfp4 at
 #           8192^2 (writes autotune_configs/, copied to $OUT)
 #   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
@@ -44,7 +45,8 @@ for step in $STEPS; do
     models)  gpu_tests ${MODELS_S:-170} models tests/test_grouped_kernels.py tests/test_act_quant_kernels.py tests/test_nn.py ;;
     presets) gpu_tests 130 presets tests/test_dense_kernels.py -k wna16_presets ;;
     verify)  gpu_tests ${VERIFY_S:-240} verify tests/test_dense_kernels.py tests/test_grouped_kernels.py \
-               tests/test_act_quant_kernels.py tests/test_nn.py -k "gemv_words or wna16_presets or launch_replay or not dense" ;;
+               tests/test_act_quant_kernels.py tests/test_ops.py tests/test_nn.py \
+               -k "gemv_words or wna16_presets or launch_replay or not dense" ;;
     tune)
       stamp tune
       timeout -k 5 ${TUNE_S:-150} bash -c "python3 -m humming_triton.tune --preset w4a16 --shapes 8192x8192,4096x14336 \
