@@ -98,8 +98,11 @@ def test_fp8_gemm_interpreted(scheme, m, rng):
 
 @pytest.mark.interpret
 def test_fp8_large_m_path_bf16(rng):
-    """The dequant_mm route of the fp8 schemes (M > 16) with bf16 activations and grouped activation scales."""
+    """Above 16 rows the fp8 codes meet the weight in a bf16 MMA (64/128-row tiles, ACT_KIND 5); from M = 512
+    both operands are dequantized for cuBLAS (dequant_mm).  bf16 activations, grouped activation scales."""
     _gemm_case("weight=e4m3fn,scale=fp32:channel,act=e4m3fn/fp32:g128", 40, 24, 384, torch.bfloat16, rng)
+    _gemm_case("w8a8-fp8", 100, 24, 256, torch.float16, rng)
+    _gemm_case("weight=e4m3fn,scale=fp32:channel,act=e4m3fn/fp32:g128", 520, 16, 256, torch.bfloat16, rng)
 
 
 @pytest.mark.interpret

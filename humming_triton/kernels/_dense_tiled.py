@@ -30,6 +30,9 @@ def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, perm_ptr, stride_w
     ACT_KIND 1 (e4m3) / 2 (int8): x rows hold activation codes with fp32 scales at ``xs_rows`` (one per
     ACT_GROUP_K columns); the weight codes' values are exact in that type (int4/e2m1/e4m3 in e4m3, int4/int8 in
     int8), so both operands feed an fp8 / int8 MMA and both scales multiply the partial product (POST_SCALE).
+    ACT_KIND 5 (e4m3 codes, 64/128-row tiles): the same, but the codes meet the weight in a bf16 MMA -- the
+    H200's fp8 wgmma does not accumulate exactly (scripts/fp8_probe.py), bf16 wgmma does, and every e4m3 x
+    (int4 / e2m1 / e4m3) product is exact in fp32 either way.
     ACT_KIND 3 (e2m1 codes, e8m0 block scales) / 4 (e2m1, e4m3 block scales): x is decoded times its block
     scale in registers -- exact in bf16 (at most 6 significant bits) -- and meets the scaled weight in a bf16
     MMA (the global scales are the caller's, in the epilogue).
@@ -54,10 +57,17 @@ def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, perm_ptr, stride_w
         if ACT_KIND == 1:
             part = tl.dot(x.to(tl.float8e4nv, bitcast=True), tl.trans(w.to(tl.float8e4nv)))
             part = part * tl.load(xs_rows + k0 // ACT_GROUP_K, mask=mask_m, other=0.0)
+        elif ACT_KIND == 5:  # e4m3 codes on a bf16 MMA: exact products, and bf16 wgmma accumulates exactly
+            xb = x.to(tl.float8e4nv, bitcast=True)
+            if DOT_F32:
+                part = tl.dot(xb.to(tl.float32), tl.trans(w), input_precision="ieee")
+            else:
+                part = tl.dot(xb.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
+            part = part * tl.load(xs_rows + k0 // ACT_GROUP_K, mask=mask_m, other=0.0)
         elif ACT_KIND == 2:
             part = tl.dot(x.to(tl.int8, bitcast=True), tl.trans(w.to(tl.int8))).to(tl.float32)
             part = part * tl.load(xs_rows + k0 // ACT_GROUP_K, mask=mask_m, other=0.0)
-        elif ACT_KIND >= 3:
+        elif ACT_KIND == 3 or ACT_KIND == 4:
             GROUPS: tl.constexpr = BLOCK_K // ACT_GROUP_K
             g = k0 // ACT_GROUP_K + tl.arange(0, GROUPS)
             sc = tl.load(xs_rows + g[None, :], mask=mask_m & (g[None, :] < K // ACT_GROUP_K), other=0).to(tl.int32)

@@ -126,11 +126,11 @@ def fp8_config(m: int, n: int, k: int, weight_group_k: int, act_group_k: int,
     """Tiled config for the fp8 / int8 (activation-quantized) path: both scales multiply partial products, so
     BLOCK_K must divide the weight group and the activation group (fp8 MMAs need K tiles of at least 32).
 
-    e4m3 activations use 16-row tiles (mma.sync) only: on the H200 the fp8 wgmma that 64/128-row tiles get does
-    not accumulate exactly in fp32 -- ~1 % of outputs came out 2-3x past the exact-product tolerance, even with a
-    32-wide K tile, while 16-row tiles matched (scripts/fp8_probe.py) -- and 16-row tiles re-decode the weight
-    per row tile (16 ms at M = 4096), so above M = 16 the fp8 schemes dequantize both operands and run cuBLAS
-    (``dequant_mm``; bf16/fp16 products instead of exact fp8 ones).  int8 wgmma is exact and fast.
+    e4m3 activations: on the H200 the fp8 wgmma that 64/128-row tiles get does not accumulate exactly in fp32
+    (~1 % of outputs came out 2-3x past the exact-product tolerance, even with a 32-wide K tile; 16-row mma.sync
+    tiles matched -- scripts/fp8_probe.py).  So 16-row tiles use the fp8 MMA, and larger tiles feed the e4m3
+    codes to a bf16 MMA (exact products, exact accumulation; dense.act_kind), up to DEQUANT_MM_MIN_M like the
+    WnA16 tiles; from there both operands are dequantized for cuBLAS (``dequant_mm``).  int8 wgmma is exact.
     e2m1 activations (W4A4) run the WnA16 tiles with the activations decoded to bf16 in registers
     (``weight_exact_bf16``: whether every code times its scale is exact in bf16)."""
     if act_dtype == "e2m1":  # W4A4: the bf16 tile loop on decoded activations, where WnA16 would tile
@@ -139,7 +139,7 @@ def fp8_config(m: int, n: int, k: int, weight_group_k: int, act_group_k: int,
         if cfg.family == "dequant_mm" or bk is None:
             return DenseConfig("dequant_mm", 1, 32, 128)
         return replace(cfg, block_k=bk)
-    if m > 16 and act_dtype != "int8":
+    if m >= DEQUANT_MM_MIN_M and act_dtype != "int8":
         return DenseConfig("dequant_mm", 1, 32, 128)
     bm = 16 if m <= 16 else 64 if m <= 64 else 128
     bn = 64 if m <= 64 else 128

@@ -6,7 +6,7 @@ Families (configs.py chooses; ``autotune_configs/<device>.json`` overrides):
           weight element; falls back to ``gemv`` where it does not apply);
 ``tiled`` tensor-core ``tl.dot`` with in-register dequantization, optional split-K (``_dense_tiled.py``);
 ``dequant_mm`` large M: dequantize to a dense tensor once per call (``_dequant.py``), then cuBLAS (for
-          activation-quantized schemes the quantized activations are dequantized too: the fp8 path at M > 16).
+          activation-quantized schemes the quantized activations are dequantized too: fp8 / e2m1 at M >= 512).
 
 ``triton_linear(x, qw)`` reads the canonical QuantWeight directly (no per-call repacking); the format's
 constexprs are computed once per QuantWeight and cached on it.
@@ -105,6 +105,17 @@ def triton_dequantize(qw: QuantWeight, dtype: torch.dtype = torch.float32, block
 
 ACT_KINDS = {"e4m3fn": 1, "int8": 2, "e2m1": 3}  # the activation element types the quantizer writes
 ACT_SCALE_KINDS = {"fp32": 0, "e8m0": 1, "e4m3fn": 2}
+
+
+def act_kind(act: ActQuant | None, block_m: int) -> int:
+    """The tile loop's ACT_KIND: 0 16-bit x; 1 e4m3 on fp8 mma.sync (16-row tiles); 5 e4m3 on a bf16 MMA (64/128
+    rows: the fp8 wgmma is not exact); 2 int8; 3 / 4 e2m1 with e8m0 / e4m3 block scales."""
+    if act is None:
+        return 0
+    kind = ACT_KINDS[str(act.dtype)]
+    if kind == 1 and block_m >= 64:
+        return 5
+    return kind + (kind == 3 and str(act.scale_dtype) == "e4m3fn")
 
 
 def _check_act_group(spec: ActQuant, k: int) -> None:
@@ -309,10 +320,10 @@ def _linear_unplanned(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: 
         return y.reshape(*x.shape[:-1], n)
     # fp8 / int8 tensor cores (the scales multiply partial products), or e2m1 activations decoded to bf16
     act = qw.scheme.act
-    kind = ACT_KINDS[str(act.dtype)] + (str(act.scale_dtype) == "e4m3fn")  # e2m1: 3 (e8m0 scales), 4 (e4m3)
+    kind = act_kind(act, cfg.block_m)
     fmt = _launch_format(qw, cfg.block_k)
     post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
-    if not post and kind < 3:
+    if not post and kind in (1, 2, 5):
         raise ValueError(f"the quantized-activation path needs BLOCK_K ({cfg.block_k}) to divide the "
                          f"weight group ({fmt['GROUP_K']}) of {qw.scheme.name}")
     (w, s, z, g), strides = _weight_args(qw)

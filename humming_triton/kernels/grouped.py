@@ -9,7 +9,7 @@ from ..dispatch import interpreting
 from ..formats.weight import QuantWeight
 from . import configs
 from ._grouped_tiled import grouped_tiled_kernel
-from .dense import ACT_KINDS, PER_TOKEN, _format, _launch_format, act_block_k, triton_quantize_activation
+from .dense import PER_TOKEN, _format, _launch_format, act_block_k, act_kind, triton_quantize_activation
 
 __all__ = ["triton_grouped_linear"]
 
@@ -38,16 +38,14 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
     # rows per expert on average decide the tile height (known on the host without a sync)
     bm, bn, bk = configs.grouped_tiles(t, e, qw.scheme.bits, qw.scheme.zero != "none")
     act = qw.scheme.act
-    kind = 0 if act is None else ACT_KINDS[str(act.dtype)] + (str(act.scale_dtype) == "e4m3fn")
-    if kind == 1:
-        bm = 16  # fp8: 16-row mma.sync tiles only (the H200's fp8 wgmma is not exact; configs.fp8_config)
     bm, block_n = block_m or bm, block_n or bn
+    kind = act_kind(act, bm)  # fp8 codes: fp8 mma.sync on 16-row tiles, a bf16 MMA on larger ones
     bk = configs.fit_block_k(block_k or bk, _format(qw)["GROUP_K"], k, qw.scheme.bits)
     if act is not None:
         bk = act_block_k(bk, qw.scheme, k)
     fmt = _launch_format(qw, bk)
     post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= bk and fmt["GROUP_K"] % bk == 0
-    if 0 < kind < 3 and not post:
+    if kind in (1, 2, 5) and not post:
         raise ValueError(f"the quantized-activation path needs BLOCK_K ({bk}) to divide the weight group "
                          f"({fmt['GROUP_K']}) of {qw.scheme.name}")
     offsets = offsets.to(device=x.device, dtype=torch.int64)

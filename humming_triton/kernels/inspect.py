@@ -60,13 +60,11 @@ def compile_report(scheme: str, m: int, n: int, k: int, cfg: configs.DenseConfig
     else:
         kern = dense_tiled_kernel
         post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
-        kind = 0
-        if s.act is not None:
-            from .dense import ACT_KINDS
-            kind = ACT_KINDS[str(s.act.dtype)] + (str(s.act.scale_dtype) == "e4m3fn")
+        from .dense import act_kind
+        kind = act_kind(s.act, cfg.block_m)
         consts.update(GROUP_M=cfg.group_m, POST_SCALE=post, DOT_F32=False, ACT_KIND=kind,
                       ACT_GROUP_K=(s.act.group_k or 1 << 30) if s.act is not None else 1)
-        ptrs["xs_ptr"] = "*u8" if kind >= 3 else "*fp32"
+        ptrs["xs_ptr"] = "*u8" if kind in (3, 4) else "*fp32"
         if s.act is not None:
             ptrs["x_ptr"] = "*u8"
             consts["HAS_GLOBAL"] = consts["HAS_GLOBAL"] or s.act.global_scale
@@ -80,11 +78,10 @@ def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: st
     """The same report for the grouped (MoE) kernel with the tiles its launcher picks for ``rows`` routed rows
     (``act_order``: experts with a K permutation, gathered in the kernel)."""
     from ._grouped_tiled import grouped_tiled_kernel
-    from .dense import ACT_KINDS, act_block_k
+    from .dense import act_block_k, act_kind
     s = QuantScheme.parse(scheme)
     block_m, block_n, block_k = configs.grouped_tiles(rows, experts, s.bits, s.zero != "none")
-    kind = 0 if s.act is None else ACT_KINDS[str(s.act.dtype)] + (str(s.act.scale_dtype) == "e4m3fn")
-    block_m = 16 if kind == 1 else block_m
+    kind = act_kind(s.act, block_m)
     fmt = format_constexprs(s, n, k)
     block_k = configs.fit_block_k(block_k, fmt["GROUP_K"], k, s.bits)
     if s.act is not None:
@@ -98,7 +95,7 @@ def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: st
                   ACT_GROUP_K=(s.act.group_k or 1 << 30) if s.act is not None else 1,
                   **{**fmt, "HAS_GLOBAL": fmt["HAS_GLOBAL"] or (s.act is not None and s.act.global_scale)})
     ptrs = {**_pointer_types(s, act, 1), "offsets_ptr": "*i64", "tile_cum_ptr": "*i32",
-            "xs_ptr": "*u8" if kind >= 3 else "*fp32", "perm_ptr": "*i64"}
+            "xs_ptr": "*u8" if kind in (3, 4) else "*fp32", "perm_ptr": "*i64"}
     if s.act is not None:
         ptrs["x_ptr"] = "*u8"
     out = _compile(grouped_tiled_kernel, consts, ptrs, dict(N=n, K=k, stride_xm=k), 4, 3, arch)
