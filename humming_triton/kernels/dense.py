@@ -161,12 +161,12 @@ class _Launch:
     ``HUMMING_TRITON_LAUNCH_REPLAY=1`` until it has been verified on a GPU (tests/test_dense_kernels.py:
     test_launch_replay_on_gpu)."""
 
-    __slots__ = ("kernel", "grid", "kwargs", "runner", "args", "slots", "m", "split", "out_dtype")
+    __slots__ = ("kernel", "grid", "kwargs", "runner", "args", "slots", "split")
 
-    def __init__(self, kernel, grid, kwargs: dict, m: int, split: int, out_dtype: torch.dtype):
+    def __init__(self, kernel, grid, kwargs: dict, split: int):
         # three grid axes: the compiled kernel's runner indexes grid[0..2] (JITFunction.run pads, it does not)
         self.kernel, self.grid, self.kwargs = kernel, tuple(grid) + (1,) * (3 - len(grid)), kwargs
-        self.m, self.split, self.out_dtype = m, split, out_dtype
+        self.split = split
         self.runner = None
         names = kernel.arg_names  # every parameter, constexprs included: the order Triton's launcher takes
         self.args = [kwargs.get(a) for a in names]
@@ -208,7 +208,7 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
     launches = qw.cache.setdefault("triton_launches", {})
     launch = launches.get(key)
     if launch is None:
-        launch = _plan(x2, qw, bias, out_dtype, config, out.stride(0) if out is not None else n)
+        launch = _plan(x2, qw, bias, config, out.stride(0) if out is not None else n)
         if launch is None:  # dequant_mm / quantized activations: not a single cached launch
             return _linear_unplanned(x, x2, qw, bias, out_dtype, config, out)
         if len(launches) >= 64:  # bounded: a server sees a handful of M values per weight
@@ -266,8 +266,8 @@ def act_block_k(bk: int, scheme: QuantScheme, k: int) -> int:
     return out
 
 
-def _plan(x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None, out_dtype: torch.dtype,
-          config: configs.DenseConfig | None, out_stride: int) -> _Launch | None:
+def _plan(x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None, config: configs.DenseConfig | None,
+          out_stride: int) -> _Launch | None:
     """The weight-only launch (gemv / gemv_words / tiled) for this call signature; None for the other paths."""
     cfg = _config(x2, qw, config)
     if cfg.family == "dequant_mm" or qw.scheme.act is not None:
@@ -289,16 +289,16 @@ def _plan(x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None, out_dtyp
         return _Launch(dense_gemv_words_kernel, (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m)),
                        {**tensors, "magic": MAGIC_2_23, **words_gemv_constexprs(common, cfg.block_k, cfg.num_stages,
                                                                                qw.scheme.bits, not interpreting())},
-                       m, split, out_dtype)
+                       split)
     if family == "gemv":
         return _Launch(dense_gemv_kernel, (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m)),
-                       {**tensors, **common}, m, split, out_dtype)
+                       {**tensors, **common}, split)
     post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
     return _Launch(dense_tiled_kernel, grid,
                    {**tensors, "xs_ptr": w, "stride_xsm": 0, "ACT_KIND": 0, "ACT_GROUP_K": 1, "GROUP_M": cfg.group_m,
                     "POST_SCALE": post, "DOT_F32": interpreting() or x2.dtype == torch.float32, **common},
-                   m, split, out_dtype)
+                   split)
 
 
 def _linear_unplanned(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None,
