@@ -66,6 +66,12 @@ def _launch_format(qw: QuantWeight, block_k: int) -> dict:
     return fmt
 
 
+def post_scale(fmt: dict, block_k: int) -> bool:
+    """Whether the group scale can multiply the fp32 partial product of a K tile (one group spans the tile, no
+    float zero point) instead of every weight element."""
+    return fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= block_k and fmt["GROUP_K"] % block_k == 0
+
+
 MAGIC_2_23 = 0x4B000000  # fp32 bits of 2**23; a runtime kernel argument on purpose (_dense_gemv.py says why)
 
 
@@ -118,7 +124,7 @@ def act_kind(act: ActQuant | None, block_m: int) -> int:
     return kind + (kind == 3 and str(act.scale_dtype) == "e4m3fn")
 
 
-def _check_act_group(spec: ActQuant, k: int) -> None:
+def check_act_group(spec: ActQuant, k: int) -> None:
     if spec.group_k and k % spec.group_k:  # as the reference: a partial last group has no agreed scale rule
         raise ValueError(f"activation group size {spec.group_k} does not divide K={k}")
 
@@ -130,7 +136,7 @@ def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: to
     NV's global scale is amax(x) / (6 * 448) per call, or the calibrated ``input_scale`` when the spec is static."""
     m, k = x2.shape
     g = spec.group_k or k
-    _check_act_group(spec, k)
+    check_act_group(spec, k)
     codes = torch.empty(m, k, dtype=torch.uint8, device=x2.device)
     wide = str(spec.scale_dtype) == "fp32"
     scales = torch.empty(m, -(-k // g), dtype=torch.float32 if wide else torch.uint8, device=x2.device)
@@ -208,12 +214,14 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
     launches = qw.cache.setdefault("triton_launches", {})
     launch = launches.get(key)
     if launch is None:
-        launch = _plan(x2, qw, bias, config, out.stride(0) if out is not None else n)
-        if launch is None:  # dequant_mm / quantized activations: not a single cached launch
-            return _linear_unplanned(x, x2, qw, bias, out_dtype, config, out)
+        cfg = _config(x2, qw, config)
+        # dequant_mm / quantized activations are not a single launch: their config is what gets cached
+        launch = _plan(x2, qw, bias, cfg, out.stride(0) if out is not None else n) or cfg
         if len(launches) >= 64:  # bounded: a server sees a handful of M values per weight
             launches.clear()
         launches[key] = launch
+    if isinstance(launch, configs.DenseConfig):
+        return _linear_unplanned(x, x2, qw, bias, out_dtype, launch, out)
     if launch.split == 1:
         y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x.device)
     else:
@@ -266,10 +274,9 @@ def act_block_k(bk: int, scheme: QuantScheme, k: int) -> int:
     return out
 
 
-def _plan(x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None, config: configs.DenseConfig | None,
+def _plan(x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None, cfg: configs.DenseConfig,
           out_stride: int) -> _Launch | None:
     """The weight-only launch (gemv / gemv_words / tiled) for this call signature; None for the other paths."""
-    cfg = _config(x2, qw, config)
     if cfg.family == "dequant_mm" or qw.scheme.act is not None:
         return None
     m, n, k = x2.shape[0], qw.N, qw.K
@@ -293,7 +300,7 @@ def _plan(x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None, config: 
     if family == "gemv":
         return _Launch(dense_gemv_kernel, (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m)),
                        {**tensors, **common}, split)
-    post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
+    post = post_scale(fmt, cfg.block_k)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
     return _Launch(dense_tiled_kernel, grid,
                    {**tensors, "xs_ptr": w, "stride_xsm": 0, "ACT_KIND": 0, "ACT_GROUP_K": 1, "GROUP_M": cfg.group_m,
@@ -302,14 +309,12 @@ def _plan(x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None, config: 
 
 
 def _linear_unplanned(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None,
-                      out_dtype: torch.dtype, config: configs.DenseConfig | None,
-                      out: torch.Tensor | None) -> torch.Tensor:
+                      out_dtype: torch.dtype, cfg: configs.DenseConfig, out: torch.Tensor | None) -> torch.Tensor:
     """dequant_mm (any scheme) and the quantized-activation tile loop (fp8 / int8 / e2m1 activations)."""
     n, k = qw.N, qw.K
     m = x2.shape[0]
     if qw.scheme.act is not None:
-        _check_act_group(qw.scheme.act, k)
-    cfg = _config(x2, qw, config)
+        check_act_group(qw.scheme.act, k)
     if cfg.family == "dequant_mm":
         if qw.scheme.act is not None:  # quantize x as the scheme says, then run its dequantized values in x's dtype
             q = triton_quantize_activation(x2, qw.scheme.act, qw.input_scale)
@@ -322,7 +327,7 @@ def _linear_unplanned(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: 
     act = qw.scheme.act
     kind = act_kind(act, cfg.block_m)
     fmt = _launch_format(qw, cfg.block_k)
-    post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
+    post = post_scale(fmt, cfg.block_k)
     if not post and kind in (1, 2, 5):
         raise ValueError(f"the quantized-activation path needs BLOCK_K ({cfg.block_k}) to divide the "
                          f"weight group ({fmt['GROUP_K']}) of {qw.scheme.name}")

@@ -9,7 +9,8 @@ from ..dispatch import interpreting
 from ..formats.weight import QuantWeight
 from . import configs
 from ._grouped_tiled import grouped_tiled_kernel
-from .dense import PER_TOKEN, _format, _launch_format, act_block_k, act_kind, triton_quantize_activation
+from .dense import (PER_TOKEN, _format, _launch_format, act_block_k, act_kind, check_act_group, post_scale,
+                    triton_quantize_activation)
 
 __all__ = ["triton_grouped_linear"]
 
@@ -33,8 +34,8 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
     y = out if out is not None else torch.empty(t, n, dtype=out_dtype, device=x.device)
     if t == 0:
         return y
-    if qw.scheme.act is not None and qw.scheme.act.group_k and k % qw.scheme.act.group_k:
-        raise ValueError(f"activation group size {qw.scheme.act.group_k} does not divide K={k}")
+    if qw.scheme.act is not None:
+        check_act_group(qw.scheme.act, k)
     # rows per expert on average decide the tile height (known on the host without a sync)
     bm, bn, bk = configs.grouped_tiles(t, e, qw.scheme.bits, qw.scheme.zero != "none")
     act = qw.scheme.act
@@ -44,7 +45,7 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
     if act is not None:
         bk = act_block_k(bk, qw.scheme, k)
     fmt = _launch_format(qw, bk)
-    post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= bk and fmt["GROUP_K"] % bk == 0
+    post = post_scale(fmt, bk)
     if kind in (1, 2, 5) and not post:
         raise ValueError(f"the quantized-activation path needs BLOCK_K ({bk}) to divide the weight group "
                          f"({fmt['GROUP_K']}) of {qw.scheme.name}")

@@ -59,7 +59,8 @@ def compile_report(scheme: str, m: int, n: int, k: int, cfg: configs.DenseConfig
         kern = dense_gemv_kernel
     else:
         kern = dense_tiled_kernel
-        post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= cfg.block_k and fmt["GROUP_K"] % cfg.block_k == 0
+        from .dense import post_scale
+        post = post_scale(fmt, cfg.block_k)
         from .dense import act_kind
         kind = act_kind(s.act, cfg.block_m)
         consts.update(GROUP_M=cfg.group_m, POST_SCALE=post, DOT_F32=False, ACT_KIND=kind,
@@ -78,7 +79,7 @@ def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: st
     """The same report for the grouped (MoE) kernel with the tiles its launcher picks for ``rows`` routed rows
     (``act_order``: experts with a K permutation, gathered in the kernel)."""
     from ._grouped_tiled import grouped_tiled_kernel
-    from .dense import act_block_k, act_kind
+    from .dense import act_block_k, act_kind, post_scale
     s = QuantScheme.parse(scheme)
     block_m, block_n, block_k = configs.grouped_tiles(rows, experts, s.bits, s.zero != "none")
     kind = act_kind(s.act, block_m)
@@ -88,7 +89,7 @@ def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: st
         block_k = act_block_k(block_k, s, k)
     if fmt["GROUP_K"] >= k:
         fmt["GROUP_K"] = max(k, block_k)
-    post = fmt["ZERO_KIND"] != 2 and fmt["GROUP_K"] >= block_k and fmt["GROUP_K"] % block_k == 0
+    post = post_scale(fmt, block_k)
     consts = dict(E_POW2=triton.next_power_of_2(experts), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                   POST_SCALE=post, DOT_F32=False, EVEN_K=k % block_k == 0, HAS_BIAS=False, HAS_PERM=act_order,
                   ACT_KIND=kind,
