@@ -1,4 +1,4 @@
-"""``python3 -m benchmarks [--suite headline|decode|full] [--out DIR] [--interpret] [--only dense|moe] [--methods ...]``
+"""``python3 -m benchmarks [--suite headline|decode|full] [--out DIR] [--interpret] [--only dense|moe] [--methods ...] [--compare OLD.json]``
 
 TRITON_INTERPRET must be in the environment before triton is first imported, so ``--interpret`` is looked for
 in argv before anything else is imported.
@@ -40,7 +40,10 @@ def _parse(argv):
     p.add_argument("--our-backend", choices=("auto", "triton", "reference"), default=None,
                    help="debug: backend for our method (default auto on CUDA, triton with --interpret); "
                         "'reference' is only allowed with --interpret (never timed on a GPU)")
-    p.add_argument("--strict", action="store_true", help="exit 1 if any of our rows failed its correctness check")
+    p.add_argument("--strict", action="store_true", help="exit 1 if any of our rows failed its correctness check "
+                   "(with --compare: or got more than 5 %% slower than in OLD.json)")
+    p.add_argument("--compare", default=None, metavar="OLD.json",
+                   help="after the run, compare our rows with a committed results.json (benchmarks/compare.py)")
     a = p.parse_args(argv)
     if a.methods:
         a.methods = [m for item in a.methods for m in item.split(",") if m]
@@ -72,8 +75,37 @@ def _slug(name: str) -> str:
     return s or "device"
 
 
+def _dispatch_table() -> tuple[dict, str]:
+    """The "dispatch" section of autotune_configs/<device>.json (the tuner's measured candidates), named by
+    the library's own device slug so the report reads the file the dispatcher reads; ({}, "") if none."""
+    import json
+
+    import torch
+    try:
+        import humming_triton.dispatch as ht_dispatch
+        from humming_triton.kernels.dense import _device_facts
+        slug = _device_facts(torch.cuda.current_device())[0]
+        if hasattr(ht_dispatch, "table_path"):  # the dispatcher's own lookup, where it has one
+            path = str(ht_dispatch.table_path(slug))
+        else:
+            from humming_triton.kernels.configs import CONFIG_DIR
+            path = os.path.join(str(CONFIG_DIR), f"{slug}.json")
+    except Exception:  # noqa: BLE001 -- the report goes on without the section
+        return {}, ""
+    try:
+        with open(path) as f:
+            table = json.load(f).get("dispatch") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}, ""
+    return (table, os.path.relpath(path, REPO)) if isinstance(table, dict) else ({}, "")
+
+
 def main(argv=None) -> int:
     a = _parse(sys.argv[1:] if argv is None else argv)
+    old_doc = None
+    if a.compare:
+        from .compare import load
+        old_doc = load(a.compare)  # before the run: a wrong path should not cost a whole run
     import torch
     import triton
 
@@ -124,6 +156,13 @@ def main(argv=None) -> int:
     records = run_cases(cases, suite=suite, selected=selected, device=device, our_backend=our_backend,
                         budget=budget, ceilings=ceilings, log=lambda s: print(s, flush=True))
     report.add_peer_ratios(records)
+    floor_meta = {"skipped": "interpret mode (no GPU): not measured"}
+    if device == "cuda":
+        from .floor import StreamFloor, add_floor
+        print("stream floor (bare Triton kernel reading the packed weight words) ...", flush=True)
+        stream = StreamFloor()
+        add_floor(records, stream, log=lambda s: print(s, flush=True))
+        floor_meta = stream.summary()
 
     if a.interpret:
         cold = {"skipped": "interpret mode (no GPU)"}
@@ -141,18 +180,30 @@ def main(argv=None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "interpret": a.interpret, "our_backend": our_backend, "ceilings": ceilings, "cold_start": cold,
         "peer_budget_s": limits, "peer_setup_s": {k: round(v, 1) for k, v in budget.spent.items()},
-        "wall_s": round(time.perf_counter() - t_start, 1),
+        "floor": floor_meta, "wall_s": round(time.perf_counter() - t_start, 1),
     }
+    dispatch, dispatch_source = _dispatch_table() if device == "cuda" else ({}, "")
+    if dispatch:
+        meta["dispatch_table"] = {"source": dispatch_source, "entries": len(dispatch)}
+    if old_doc is not None:
+        from .compare import compare, format_text
+        meta["compare"] = compare(old_doc, dict(meta, records=records))
+        meta["compare"]["old_file"] = a.compare
     plots = report.write_plots(out, records)
     report.write_json(os.path.join(out, "results.json"), meta, records)
-    text = report.write_markdown(os.path.join(out, "results.md"), meta, records, plots)
+    text = report.write_markdown(os.path.join(out, "results.md"), meta, records, plots, dispatch, dispatch_source)
     print("\n" + text, flush=True)
+    if old_doc is not None:
+        print(format_text(meta["compare"]), flush=True)
     print(f"wrote {', '.join(['results.json', 'results.md'] + plots)} to {out} in {meta['wall_s']:.0f} s", flush=True)
 
     ours_bad = [r for r in records if r["method"] == "humming_triton" and isinstance(r["error"], str)
                 and r["error"].startswith("wrong output")]
     if a.strict and ours_bad:
         print(f"--strict: {len(ours_bad)} of our rows failed the correctness check", file=sys.stderr)
+        return 1
+    if a.strict and old_doc is not None and meta["compare"]["regressions"]:
+        print(f"--strict: {meta['compare']['regressions']} of our rows regressed vs {a.compare}", file=sys.stderr)
         return 1
     return 0
 

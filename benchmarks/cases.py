@@ -1,9 +1,9 @@
 """What is measured: dense cases (scheme x N x K x M) and MoE grouped cases (E, top-k, N, K, M).
 
 The headline suite is exactly the shapes of ../shared/targets.md, so that its numbers can be checked against
-the targets table; ``decode`` covers M = 1..16 (decode batches) and the W4A4 schemes; ``full`` adds formats and
-shapes for exploration.  ``interpret`` is a CPU smoke set small
-enough for the Triton interpreter.
+the targets table; ``decode`` covers M = 1..16 (decode batches, also at the gate_up shapes 14336x4096 and
+28672x4096) and the W4A4 schemes; ``full`` adds formats and shapes for exploration.  ``interpret`` is a CPU
+smoke set small enough for the Triton interpreter.
 """
 from __future__ import annotations
 
@@ -73,6 +73,9 @@ def suite_cases(suite: str) -> list:
     if suite == "decode":
         return (_dense(["w4a16", "mxfp4", "nvfp4", "w8a16"], [(8192, 8192)], DECODE_M)
                 + _dense(["w4a16"], [(4096, 14336)], DECODE_M)
+                # Llama-3-8B's gate (or up) projection and its fused gate_up (2 x 14336) at hidden 4096:
+                # long N, short K -- few K iterations per output, the opposite aspect of 4096x14336
+                + _dense(["w4a16"], [(14336, 4096), (28672, 4096)], DECODE_M)
                 + _dense(["w4a4-mxfp4", "w4a4-nvfp4"], [(8192, 8192)], FORMAT_M))
     if suite == "interpret":
         # tiny: the Triton interpreter runs every program instance in Python

@@ -13,7 +13,7 @@ from collections import defaultdict
 
 from .cases import ACT_FP8_SCHEMES
 
-__all__ = ["add_peer_ratios", "write_json", "write_markdown", "write_plots"]
+__all__ = ["add_peer_ratios", "write_json", "write_markdown", "write_plots", "dispatch_section"]
 
 OURS = "humming_triton"
 PEER_COLS = {"dense": ("cublas", "torch_scaled_mm", "humming", "gemlite"),
@@ -71,14 +71,21 @@ def _f(v, fmt="{:.1f}") -> str:
     return "" if v is None else fmt.format(v)
 
 
+def _cell(v) -> str:
+    """A markdown table cell: a literal "|" (dispatch keys use it) is escaped, not taken as a column break."""
+    return str(v).replace("|", "\\|")
+
+
 def _table(kind: str, records: list[dict]) -> list[str]:
     rows = [r for r in records if r["kind"] == kind]
     if not rows:
         return []
     cols = PEER_COLS[kind]
     lines = []
+    dense = kind == "dense"
     head = (["scheme", "shape", "M", "**ours µs**"] + [NAMES[c] for c in cols]
-            + ["TFLOP/s", "GB/s", "% HBM", "% TC", "rel err", "vs best peer"])
+            + ["TFLOP/s", "GB/s", "% HBM"] + (["floor µs", "% floor"] if dense else [])
+            + ["% TC", "rel err", "vs best peer", "path"])
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     index = defaultdict(dict)
@@ -102,13 +109,48 @@ def _table(kind: str, records: list[dict]) -> list[str]:
         shape = f"{key[1]}×{key[2]}" if kind == "dense" else f"{gemm} {key[1]}×{key[2]} E{key[4]} top{key[5]}"
         o = ours or {}
         err = o.get("rel_err")
+        floor = [_f(o.get("floor_us")), _f(o.get("pct_floor"), "{:.0f}")] if dense else []
+        path = _cell(o.get("path") or "")
         lines.append("| " + " | ".join([scheme, shape, str(key[3]), f"**{_us(ours) or '—'}**"] + cells + [
-            _f(o.get("tflops")), _f(o.get("gbps"), "{:.0f}"), _f(o.get("pct_hbm")), _f(o.get("pct_tc")),
-            _f(err, "{:.1e}"), _f(o.get("vs_best_peer"), "{:.2f}×")]) + " |")
+            _f(o.get("tflops")), _f(o.get("gbps"), "{:.0f}"), _f(o.get("pct_hbm"))] + floor + [
+            _f(o.get("pct_tc")), _f(err, "{:.1e}"), _f(o.get("vs_best_peer"), "{:.2f}×"), path]) + " |")
     return lines
 
 
-def write_markdown(path: str, meta: dict, records: list[dict], plots: list[str]) -> str:
+def _config_summary(c: dict) -> str:
+    """'triton/swapab bn=128 bk=128 sk=2' from one candidate of a dispatch entry."""
+    cfg = " ".join(f"{SHORT.get(k, k)}={v}" for k, v in (c.get("config") or {}).items())
+    return " ".join(x for x in (f"{c.get('backend', '?')}/{c.get('family', '?')}", cfg) if x)
+
+
+SHORT = {"block_m": "bm", "block_n": "bn", "block_k": "bk", "split_k": "sk", "num_warps": "w",
+         "num_stages": "st", "group_m": "gm"}
+
+
+def dispatch_section(table: dict, source: str = "") -> list[str]:
+    """Markdown for the "dispatch" section of autotune_configs/<device>.json: per key the measured winner
+    (candidates are stored sorted by µs, [0] wins), the runner-up and how many candidates were measured."""
+    if not table:
+        return []
+    L = ["## Dispatch table", "",
+         f"From {source or 'the device config'}: the candidates the tuner measured per (op, scheme, shape, M "
+         "bucket); the dispatcher runs the winner.", "",
+         "| key | winner | µs | runner-up | µs | candidates | failed | measured with |", "|---|---|---|---|---|---|---|---|"]
+    for key in sorted(table):
+        e = table[key] if isinstance(table[key], dict) else {}
+        cands = [c for c in e.get("candidates") or [] if isinstance(c, dict)]
+        win = cands[0] if cands else {}
+        run = cands[1] if len(cands) > 1 else {}
+        env = ", ".join(f"{k} {e[k]}" for k in ("triton", "torch", "commit") if e.get(k))
+        L.append("| " + " | ".join(_cell(x) for x in (
+            key, _config_summary(win) if win else "—", _f(win.get("us")), _config_summary(run) if run else "",
+            _f(run.get("us")), len(cands), len(e.get("failed") or []), env)) + " |")
+    L.append("")
+    return L
+
+
+def write_markdown(path: str, meta: dict, records: list[dict], plots: list[str], dispatch: dict | None = None,
+                   dispatch_source: str = "") -> str:
     c = meta.get("ceilings", {})
     L = [f"# humming_triton benchmark — {meta['device']}", "",
          f"suite `{meta['suite']}` · {meta['date']} · torch {meta['torch']} · triton {meta['triton']} · "
@@ -116,7 +158,10 @@ def write_markdown(path: str, meta: dict, records: list[dict], plots: list[str])
          "Times: median µs of CUDA-graph replays with L2 flushed between reps (CPU smoke mode: perf_counter). "
          "Every output was checked against a reference before timing. % HBM = achieved GB/s (packed weight + "
          "scales + x + y) / measured copy bandwidth; % TC = TFLOP/s / measured bf16 (or fp8 for fp8 "
-         "activations) matmul rate. vs best peer = fastest peer µs / our µs (> 1: ours faster).", "",
+         "activations) matmul rate. floor µs = a bare Triton kernel streaming the packed weight words "
+         "(benchmarks/floor.py; GPU runs only), % floor = floor µs / our µs (100 = as fast as streaming the "
+         "weight). vs best peer = fastest peer µs / our µs (> 1: ours faster). path = the backend/family/config "
+         "our first call ran (`humming_triton.dispatch.last_plan`).", "",
          "Ceilings: " + ", ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k}: {v}" for k, v in c.items()),
          ""]
     cs = meta.get("cold_start")
@@ -138,6 +183,10 @@ def write_markdown(path: str, meta: dict, records: list[dict], plots: list[str])
         t = _table(kind, records)
         if t:
             L += [f"## {title}", ""] + t + [""]
+    if meta.get("compare"):
+        from .compare import format_markdown
+        L += format_markdown(meta["compare"])
+    L += dispatch_section(dispatch or {}, dispatch_source)
     fails = defaultdict(int)
     for r in records:
         if r["us"] is None:

@@ -29,7 +29,9 @@ def _base_record(case, method: str, scheme: str) -> dict:
         r.update(E=case.E, topk=case.topk, gemm=case.name)
     r.update(rows=rows, us=None, error=None, rel_err=None, tol=None, ref=None, timing=None, reps=None,
              setup_s=None, flops=2 * rows * case.N * case.K, bytes=None, tflops=None, gbps=None, pct_hbm=None,
-             pct_tc=None, vs_best_peer=None, best_peer=None)
+             pct_tc=None, vs_best_peer=None, best_peer=None, path=None)
+    if case.kind == "dense":
+        r.update(floor_us=None, pct_floor=None)  # filled after the run by floor.add_floor (GPU only)
     return r
 
 
@@ -50,6 +52,8 @@ def run_one(case, method: str, make, *, cpu: bool, budget: peers.PeerBudget, cei
         rec["scheme"] = prep.scheme or scheme_label
         y = prep.fn()  # first call: may compile / autotune / build a cached repacked view
         _sync(cpu)
+        if prep.plan is not None:
+            rec["path"] = prep.plan()
         if prep.check_backend is not None:
             why = prep.check_backend()
             if why:
@@ -98,7 +102,7 @@ def _fmt(rec: dict) -> str:
     tag = f"{rec['kind']:5s} {rec['scheme']:12s} {rec['N']}x{rec['K']} M={rec['M']:<5d} {rec['method']:17s}"
     if rec["us"] is not None:
         return (f"{tag} {rec['us']:9.1f} us  {rec['tflops']:7.1f} TF/s {rec['gbps']:7.0f} GB/s  "
-                f"err {rec['rel_err']:.2e}  [setup {rec['setup_s']:.1f} s]")
+                f"err {rec['rel_err']:.2e}  [setup {rec['setup_s']:.1f} s]" + (f"  {rec['path']}" if rec["path"] else ""))
     return f"{tag}      --    {rec['error']}"
 
 

@@ -1,13 +1,11 @@
 """User-facing ops: quant_linear, grouped_linear, fused_moe -- one signature, any backend."""
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from .dispatch import select_backend
+from .dispatch import select
 from .formats.weight import QuantWeight
-from .reference import check_linear_inputs, reference_fused_moe, reference_grouped_linear, reference_linear
+from .reference import check_linear_inputs
 
 __all__ = ["quant_linear", "grouped_linear", "fused_moe"]
 
@@ -16,35 +14,25 @@ def quant_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = N
                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x [..., K] @ dequant(qw).T + bias`` -> ``[..., N]`` in ``out_dtype`` (default: x's dtype)."""
     check_linear_inputs(x, qw, bias)
-    chosen = select_backend("quant_linear", x, qw, backend)
-    if chosen == "reference" or x.numel() == 0:
-        if x.numel() == 0:
-            return x.new_empty(*x.shape[:-1], qw.N, dtype=out_dtype or x.dtype)
-        return reference_linear(x, qw, bias, out_dtype)
-    from .kernels.dense import triton_linear
-    if qw.k_perm is not None:  # act-order weight: gather x's K once, run the stored layout (formats/weight.py)
-        stored = qw.cache.get("stored_k_order") or qw.cache.setdefault(
-            "stored_k_order", dataclasses.replace(qw, k_perm=None, cache={}))  # cached: views made once;
-        # its own cache dict -- the stored-order weight must not see the logical weight's cached dequantization
-        x, qw = x.index_select(-1, qw.k_perm), stored
-    return triton_linear(x, qw, bias, out_dtype)
+    b, cand = select("quant_linear", x, qw, backend)
+    if x.numel() == 0:
+        return x.new_empty(*x.shape[:-1], qw.N, dtype=out_dtype or x.dtype)
+    return b.quant_linear(x, qw, bias, out_dtype, cand)
 
 
 def grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tensor, bias: torch.Tensor | None = None,
                    backend: str = "auto", out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Rows of ``x [T, K]`` sorted by expert, ``offsets [E+1]``; ``qw [E, N, K]`` -> ``[T, N]``.
 
-    ``backend="auto"``: the Triton grouped kernel on CUDA (GPU-tested on the H200 for every weight family),
-    the torch reference elsewhere."""
-    chosen = select_backend("grouped_linear", x, qw, backend)
-    if chosen == "triton":
+    ``backend="auto"``: the measured fastest of the Triton grouped kernel and dequantize + torch._grouped_mm on
+    CUDA, the torch reference elsewhere."""
+    b, cand = select("grouped_linear", x, qw, backend)
+    if b.name != "reference":
         check_linear_inputs(x, qw, bias, experts=True)
         if x.dim() != 2 or offsets.dim() != 1 or offsets.numel() != qw.num_experts + 1:
             raise ValueError(f"grouped linear takes x [T, K] and offsets [E+1={qw.num_experts + 1}], got "
                              f"{list(x.shape)} and {list(offsets.shape)}")
-        from .kernels.grouped import triton_grouped_linear
-        return triton_grouped_linear(x, qw, offsets, bias, out_dtype)
-    return reference_grouped_linear(x, qw, offsets, bias, out_dtype)
+    return b.grouped_linear(x, qw, offsets, bias, out_dtype, cand)
 
 
 def fused_moe(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight, topk_weights: torch.Tensor,
@@ -53,14 +41,12 @@ def fused_moe(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight, topk_weig
 
     On CUDA (``auto`` or ``triton``) two grouped GEMMs run with device-side routing and no host sync, so the
     op can be captured in a CUDA graph; the reference syncs (it sorts tokens on the host's schedule)."""
-    chosen = select_backend("fused_moe", hidden, w13, backend, w2)
-    if chosen == "triton":
+    b, cand = select("fused_moe", hidden, w13, backend, w2)
+    if b.name != "reference":
         if hidden.dim() != 2 or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != hidden.shape[0]:
             raise ValueError(f"fused_moe takes hidden [T, H] and topk_ids / topk_weights [T, top_k], got "
                              f"{list(hidden.shape)}, {list(topk_ids.shape)}, {list(topk_weights.shape)}")
         if w2.num_experts != w13.num_experts or 2 * w2.K != w13.N or w2.N != hidden.shape[-1] or w13.K != w2.N:
             raise ValueError(f"expert weights do not fit: gate_up {list(w13.shape)}, down {list(w2.shape)}, "
                              f"hidden {list(hidden.shape)}; expected [E, 2I, H] and [E, H, I]")
-        from .kernels.moe import triton_fused_moe
-        return triton_fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation)
-    return reference_fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation)
+    return b.fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation, cand)

@@ -1,29 +1,43 @@
-"""Compile every kernel variant the launchers can pick with *another* Triton version, for sm_90, without a GPU.
+"""Compile every kernel variant the launchers can pick, for several GPU architectures, without a GPU -- with
+this environment's Triton or *another* one.
 
-The H200 runs Triton 3.6 while CI runs 3.8; a construct that lowers on one can fail on the other.  Two steps,
-two interpreters:
+The H200 runs Triton 3.6 while CI runs 3.8, and a construct that lowers on one Triton (or one SM) can fail on
+another.  Two steps, two interpreters:
 
     PYTHONPATH=. python3 scripts/compile_check.py dump jobs.json            # this env (torch + humming_triton)
-    /path/to/python-with-other-triton scripts/compile_check.py compile jobs.json   # needs only triton
+    /path/to/python-with-some-triton scripts/compile_check.py compile jobs.json [--arch 80,89,90,100,120]
+                                                              [--jobs N] [--json results.json] [--verbose]
 
 ``dump`` records what ``kernels.inspect`` would compile (signature, constexprs, divisibility attributes, warps,
-stages) for every preset at several M, the grouped kernel and the activation quantizer; ``compile`` loads the
-kernel modules straight from humming_triton/kernels/ (they import only triton) and compiles each job.
+stages) for every preset at several M, the grouped kernel, the dequantize kernel and the activation quantizer.
+``compile`` loads the kernel modules straight from humming_triton/kernels/ (they import only triton) and
+``humming_triton/capability.py`` by path (it imports no torch), then, arch by arch, compiles each distinct
+variant with ``triton.compile(src, target=GPUTarget("cuda", arch, 32))`` -- Triton itself turns 90 / 100 / 120
+into sm_90a / sm_100a / sm_120a (and uses its bundled ptxas-blackwell from 100).  A variant whose MMA the arch
+lacks (capability.mma_reason: fp8 activations on sm_80, ...) is "not applicable" and not compiled.  On sm_90 it
+also reports (does not fail) tiled variants with a >= 64-row MMA side whose PTX has no wgmma.  Exit status 1 when
+any variant fails to compile.
 """
 from __future__ import annotations
 
+import argparse
+import collections
 import importlib
+import importlib.util
 import json
 import os
 import sys
+import time
 import traceback
 import types
 
-KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "humming_triton", "kernels")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KERNELS = os.path.join(ROOT, "humming_triton", "kernels")
+ARCHS = (80, 89, 90, 100, 120)
 
 
 def dump(path: str) -> int:
-    sys.path.insert(0, os.path.dirname(KERNELS.rsplit(os.sep, 1)[0]))
+    sys.path.insert(0, ROOT)
     from humming_triton.formats import PRESETS
     from humming_triton.kernels import inspect as ins
     jobs = []
@@ -73,32 +87,179 @@ def dump(path: str) -> int:
     return 0
 
 
-def compile_jobs(path: str) -> int:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+def load_capability():
+    """humming_triton/capability.py as a stand-alone module (importing the package would import torch)."""
+    if "ht_capability" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("ht_capability", os.path.join(ROOT, "humming_triton",
+                                                                                     "capability.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["ht_capability"] = mod  # dataclasses look their module up while the class is built
+        spec.loader.exec_module(mod)
+    return sys.modules["ht_capability"]
+
+
+# the tile loops' ACT_KIND -> activation element type (kernels/dense.py: act_kind); 0: 16-bit activations
+_ACT_KIND_DTYPE = {0: None, 1: "e4m3fn", 5: "e4m3fn", 2: "int8", 3: "e2m1", 4: "e2m1"}
+# kernel -> the constexpr that is the M side of its MMA (the wgmma check); swap-AB puts the weight's N there
+MMA_M_SIDE = {"dense_tiled_kernel": "BLOCK_M", "grouped_tiled_kernel": "BLOCK_M", "dense_swapab_kernel": "BLOCK_N"}
+
+
+def job_mma(job: dict) -> str:
+    """The MMA kind a variant needs (capability.MMA_KINDS; "fma": no tensor cores)."""
+    cap = load_capability()
+    c = job["constexprs"]
+    if job["kernel"] in MMA_M_SIDE:
+        x = job["signature"].get("x_ptr", "*bf16").lstrip("*")
+        if c.get("DOT_F32"):  # the fp32 (interpreter / fp32-activation) branch of the tile loop
+            x = "fp32"
+        return cap.kernel_mma_kind(_ACT_KIND_DTYPE[c.get("ACT_KIND", 0)], x)
+    if job["kernel"] == "act_quant_kernel" and c["KIND"] == 1:
+        # the e4m3 quantizer converts through Triton's fp8e4nv (sm_89+) and serves only fp8-MMA schemes
+        return "fp8"
+    return "fma"  # GEMVs, dequantize, int8 / e2m1 quantizers: CUDA cores only
+
+
+def describe(job: dict) -> str:
+    c = job["constexprs"]
+    keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "ROWS", "BLOCK_W", "SPLIT_K", "ACT_KIND", "KIND", "BITS", "W_IS_FLOAT",
+            "GROUP_K", "ZERO_KIND", "HAS_PERM")
+    return job["kernel"] + " " + ",".join(f"{k}={c[k]}" for k in keys if k in c)
+
+
+def _init_worker() -> None:
     pkg = types.ModuleType("htk")  # the kernels directory as a package, without running its __init__ (torch)
     pkg.__path__ = [KERNELS]
     sys.modules["htk"] = pkg
-    jobs = json.load(open(path))
-    failed = 0
-    for i, job in enumerate(jobs):
-        kern = getattr(importlib.import_module(f"htk.{job['module']}"), job["kernel"])
-        names = kern.arg_names
-        src = ASTSource(fn=kern, signature=job["signature"],
-                        constexprs={(names.index(a),): v for a, v in job["constexprs"].items()},
-                        attrs={(names.index(a),): [["tt.divisibility", 16]] for a in job["divisible"]})
-        try:
-            triton.compile(src, target=GPUTarget("cuda", job["arch"], 32),
-                           options={"num_warps": job["num_warps"], "num_stages": job["num_stages"]})
-        except Exception:  # report every failure, keep going
-            failed += 1
-            print(f"FAILED {job['kernel']} {json.dumps(job['constexprs'])}\n{traceback.format_exc(limit=3)}")
-    print(f"triton {triton.__version__}: {len(jobs) - failed}/{len(jobs)} kernel variants compiled for sm_90")
+
+
+def first_line(e: Exception) -> str:
+    """One line saying what went wrong.  Triton's CompilationError starts "at L:C:" and then quotes the
+    kernel's source; its message is the last line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [""]
+    if lines[0].startswith("at ") and len(lines) > 1:
+        return f"{type(e).__name__} {lines[0]} {lines[-1]}"[:300]
+    return f"{type(e).__name__}: {lines[0]}"[:300]
+
+
+def compile_one(job: dict, arch: int) -> dict:
+    """Compile one variant for ``arch``: ok, seconds, whether its PTX has wgmma, the error's first line."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    if "htk" not in sys.modules:
+        _init_worker()
+    kern = getattr(importlib.import_module(f"htk.{job['module']}"), job["kernel"])
+    names = kern.arg_names
+    src = ASTSource(fn=kern, signature=job["signature"],
+                    constexprs={(names.index(a),): v for a, v in job["constexprs"].items()},
+                    attrs={(names.index(a),): [["tt.divisibility", 16]] for a in job["divisible"]})
+    t0 = time.perf_counter()
+    try:
+        ck = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                            options={"num_warps": job["num_warps"], "num_stages": job["num_stages"]})
+    except Exception as e:  # report every failure, keep going
+        return {"ok": False, "seconds": time.perf_counter() - t0, "error": first_line(e),
+                "trace": traceback.format_exc(limit=3)}
+    return {"ok": True, "seconds": time.perf_counter() - t0, "wgmma": "wgmma.mma_async" in ck.asm["ptx"]}
+
+
+def distinct(jobs: list[dict]) -> list[dict]:
+    """The dump lists a variant once per (preset, M) that picks it; compile each once."""
+    seen, out = set(), []
+    for job in jobs:
+        key = json.dumps({k: v for k, v in job.items() if k != "arch"}, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(job)
+    return out
+
+
+def compile_matrix(jobs: list[dict], archs=ARCHS, workers: int = 1, verbose: bool = False, log=print) -> dict:
+    """Compile every distinct variant for every arch; returns {"triton": version, "archs": {arch: summary}}."""
+    import triton
+    cap = load_capability()
+    variants = distinct(jobs)
+    result = {"triton": triton.__version__, "variants": len(variants), "archs": {}}
+    pool = None
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        pool = ProcessPoolExecutor(workers, initializer=_init_worker)
+    try:
+        for arch in archs:
+            facts = cap.facts_for_sm(divmod(arch, 10))
+            todo, skipped = [], collections.defaultdict(list)
+            for job in variants:
+                why = cap.mma_reason(job_mma(job), facts)
+                (skipped[why].append(job) if why else todo.append(job))
+            t0 = time.perf_counter()
+            if pool is not None:
+                outs = list(pool.map(compile_one, todo, [arch] * len(todo)))
+            else:
+                outs = [compile_one(job, arch) for job in todo]
+            wall = time.perf_counter() - t0
+            failed = [(job, o) for job, o in zip(todo, outs) if not o["ok"]]
+            # a >= 64-row MMA side on Hopper should be a wgmma (tests/test_compile_sm90.py asserts it per case)
+            no_wgmma = [job for job, o in zip(todo, outs) if arch == 90 and o["ok"] and job["kernel"] in MMA_M_SIDE
+                        and job["constexprs"][MMA_M_SIDE[job["kernel"]]] >= 64 and job_mma(job) != "fma"
+                        and not o["wgmma"]]
+            wg_checked = sum(1 for job in todo if arch == 90 and job["kernel"] in MMA_M_SIDE
+                             and job["constexprs"][MMA_M_SIDE[job["kernel"]]] >= 64 and job_mma(job) != "fma")
+            summary = {"compiled": len(todo) - len(failed), "attempted": len(todo),
+                       "not_applicable": {why: len(js) for why, js in skipped.items()},
+                       "failures": [{"variant": describe(j), "constexprs": j["constexprs"], "error": o["error"]}
+                                    for j, o in failed],
+                       "seconds": round(wall, 1), "compile_seconds": round(sum(o["seconds"] for o in outs), 1)}
+            if arch == 90:
+                summary["wgmma_checked"] = wg_checked
+                summary["no_wgmma"] = [describe(j) for j in no_wgmma]
+            result["archs"][arch] = summary
+            log(f"triton {triton.__version__} sm_{arch}: {summary['compiled']}/{len(todo)} variants compiled, "
+                f"{len(failed)} failed, {sum(map(len, skipped.values()))} not applicable, {wall:.1f} s")
+            for why, js in skipped.items():
+                kinds = collections.Counter(j["kernel"] for j in js)
+                log(f"  not applicable ({len(js)}): {why} -- " + ", ".join(f"{k} x{n}" for k, n in kinds.items()))
+            for job, o in failed:
+                log(f"  FAILED {describe(job)}: {o['error']}")
+                if verbose:
+                    log(f"    constexprs {json.dumps(job['constexprs'])}\n{o['trace']}")
+            if arch == 90:
+                log(f"  wgmma: {wg_checked - len(no_wgmma)}/{wg_checked} variants with a >= 64-row MMA side use it"
+                    + "".join(f"\n  no wgmma in PTX: {d}" for d in summary["no_wgmma"]))
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return result
+
+
+def compile_jobs(path: str, archs=ARCHS, workers: int = 1, json_out: str | None = None, verbose: bool = False
+                 ) -> int:
+    with open(path) as f:
+        jobs = json.load(f)
+    t0 = time.perf_counter()
+    result = compile_matrix(jobs, archs, workers, verbose)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    failed = sum(len(a["failures"]) for a in result["archs"].values())
+    print(f"triton {result['triton']}: {len(jobs)} jobs, {result['variants']} distinct variants x "
+          f"{len(archs)} archs, {failed} failures, {result['seconds']} s with {workers} worker(s)")
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(result, f, indent=1)
     return 1 if failed else 0
 
 
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("step", choices=("dump", "compile"))
+    ap.add_argument("path", help="the jobs file (dump writes it, compile reads it)")
+    ap.add_argument("--arch", default=",".join(map(str, ARCHS)), help="compile: comma-separated SM numbers")
+    ap.add_argument("--jobs", type=int, default=1, help="compile: worker processes")
+    ap.add_argument("--json", help="compile: write the per-arch results here")
+    ap.add_argument("--verbose", action="store_true", help="compile: tracebacks of failures")
+    args = ap.parse_args(argv)
+    if args.step == "dump":
+        return dump(args.path)
+    return compile_jobs(args.path, [int(a) for a in args.arch.split(",")], args.jobs, args.json, args.verbose)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("dump", "compile"):
-        sys.exit(__doc__)
-    sys.exit(dump(sys.argv[2]) if sys.argv[1] == "dump" else compile_jobs(sys.argv[2]))
+    sys.exit(main())

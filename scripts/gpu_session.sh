@@ -8,8 +8,10 @@
 #   presets the WnA16 preset GPU tests                                                    -> gpu_tests.txt
 #   verify  word-major GEMV + launch replay + preset + grouped/MoE (incl. quantized activations, act-order) +
 #           quantized-activation + op backward + tiny-model GPU tests
-#   tune    the small-M sweep (M = $TUNE_M, default 2,4,8,16) for w4a16 at the headline shapes and mxfp4 at
-#           8192^2 (writes autotune_configs/, copied to $OUT)
+#   tune    the measured dispatch table: every candidate (backend x family x config) of every case of the
+#           suites $TUNE_SUITES (default headline,decode; filter $TUNE_ONLY), compiled in $TUNE_JOBS processes first
+#           (writes autotune_configs/<device>.json, copied to $OUT)
+#   new     GPU tests of this session's new paths (swap-AB family, torch-composed families, dispatch)
 #   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
 #   overhead host-side µs per call of each path (eager, op, compiled) + profiles  -> overhead.txt
 #   demo    python3 -m humming_triton.demo --backend triton                                -> demo.txt
@@ -49,11 +51,10 @@ for step in $STEPS; do
                -k "gemv_words or wna16_presets or launch_replay or not dense" ;;
     tune)
       stamp tune
-      timeout -k 5 ${TUNE_S:-150} bash -c "python3 -m humming_triton.tune --preset w4a16 --shapes 8192x8192,4096x14336 \
-        --m ${TUNE_M:-2,4,8,16} && python3 -m humming_triton.tune --preset mxfp4 --shapes 8192x8192 \
-        --m ${TUNE_M:-2,4,8,16}" \
-        > "$OUT/tune.txt" 2>&1
+      timeout -k 5 ${TUNE_S:-300} python3 -m humming_triton.tune --suite ${TUNE_SUITES:-headline,decode} \
+        ${TUNE_ONLY:+--only "$TUNE_ONLY"} --jobs ${TUNE_JOBS:-12} > "$OUT/tune.txt" 2>&1
       cp autotune_configs/*.json "$OUT/" ;;
+    new)     gpu_tests ${NEW_S:-150} new tests/test_dispatch.py tests/test_dense_kernels.py -k "swapab or dispatch or torch_composed" ;;
     dense)   gpu_tests ${DENSE_S:-200} dense tests/test_dense_kernels.py -k every_format_family ;;
     overhead) stamp overhead; timeout -k 5 120 python3 -m benchmarks.overhead > "$OUT/overhead.txt" 2>&1 ;;
     demo)    stamp demo; timeout -k 5 80 python3 -m humming_triton.demo --backend triton > "$OUT/demo.txt" 2>&1 ;;

@@ -31,6 +31,9 @@ FAMILIES = {
     "tiled": lambda m: configs.DenseConfig("tiled", 16, 32, 64, 1, 2),
     "tiled_wide_k": lambda m: configs.DenseConfig("tiled", 32, 16, 256, 1, 2),
     "tiled_splitk": lambda m: configs.DenseConfig("tiled", 16, 16, 64, 2, 2),
+    # tokens on the MMA's N side: K tile below the group and above it, and split-K
+    "swapab": lambda m: configs.DenseConfig("swapab", 16, 32, 64, 1, 8),
+    "swapab_wide_k_splitk": lambda m: configs.DenseConfig("swapab", 16, 16, 256, 2, 8),
     "dequant_mm": lambda m: configs.DenseConfig("dequant_mm", 1, 16, 64),
 }
 SHAPES = [(1, 37, 384), (5, 64, 128), (19, 100, 640)]  # (M, N, K): odd N, K not a multiple of the K tile
@@ -75,7 +78,7 @@ def test_dense_kernel_interpreted(fmt, family, shape, rng):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("family", ["gemv", "tiled"])
+@pytest.mark.parametrize("family", ["gemv", "tiled", "swapab"])
 @pytest.mark.parametrize("fmt", [("int4", "fp16:g128", "none"), ("e2m1", "e4m3fn:g16+global", "none")],
                          ids=lambda f: "-".join(f))
 def test_dense_kernel_bf16_interpreted(fmt, family, rng):
@@ -131,7 +134,8 @@ def test_wna16_presets_on_gpu(preset, dtype, shape, rng):
 
 
 GPU_FAMILIES = ("gemv", "gemv_splitk", "gemv_words", "gemv_words_prefetch_splitk", "gemv_words_rows",
-                "gemv_words_rows_prefetch_splitk", "tiled", "tiled_splitk", "dequant_mm")
+                "gemv_words_rows_prefetch_splitk", "tiled", "tiled_splitk", "swapab", "swapab_wide_k_splitk",
+                "dequant_mm")
 GPU_CASES = [(fmt, fam, (SHAPES + [(3, 300, 512)])[(i + j) % 4]) for i, fmt in enumerate(FORMATS)
              for j, fam in enumerate(GPU_FAMILIES)]
 
@@ -144,7 +148,7 @@ def test_every_format_family_on_gpu(fmt, family, shape, rng):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("family", ["gemv", "tiled", "dequant_mm"])
+@pytest.mark.parametrize("family", ["gemv", "tiled", "swapab", "dequant_mm"])
 def test_fp32_and_strided_activations(family, rng):
     """fp32 activations take the exact (ieee) dot; a strided / 3-D x is handled without the caller copying."""
     from humming_triton.kernels.dense import triton_linear
@@ -184,12 +188,12 @@ def _launch_replay_case(preset, device, rng):
             assert y.data_ptr() == out.data_ptr()
         ref = ht.reference_linear(x.cpu(), qc, bias=bias.cpu() if with_bias else None,
                                   out_dtype=torch.float32).double()
-        # the word-major GEMV runs M = 1 and 3 (it subtracts zero * scale * sum(x) apart); the tiled one M = 24
-        offset = None if preset == "w3a16" or m > 8 else zero_offset(qc)
-        mma = torch.float32 if m <= 8 else dtype
+        # the word-major GEMV runs M = 1 (it subtracts zero * scale * sum(x) apart); the tiled one M = 3 and 24
+        offset = None if preset == "w3a16" or m > 1 else zero_offset(qc)
+        mma = torch.float32 if m == 1 else dtype
         assert_linear_close(y.cpu(), ref, x.cpu().float(), w_hat, mma,
                             f"{preset} M={m} offset={off} bias={with_bias} out={with_out}", offset)
-    return qw.cache["triton_launches"]
+    return qw.cache["triton"]["launches"]
 
 
 @pytest.mark.interpret

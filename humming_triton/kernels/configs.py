@@ -1,37 +1,18 @@
-"""Launch configurations: how fast it runs, never what it computes (a tile size cannot change a result
-beyond fp32 summation order).
+"""Built-in launch heuristics: the config a call gets when dispatch has no measured entry for it (CPU tests
+under the interpreter, a GPU never tuned).  How fast it runs, never what it computes.
 
-Lookup order: ``autotune_configs/<device-slug>.json`` written by the tuning sweep (``python -m
-humming_triton.tune``; exact (M bucket, N, K, scheme) match), then the built-in heuristics below.  Nothing here tunes at run time.
+The measured choice lives in ``autotune_configs/<device>.json`` (written by ``python -m humming_triton.tune``,
+read by ``humming_triton.dispatch``); nothing here tunes at run time.
 """
 from __future__ import annotations
 
-import functools
-import json
-import math
-import os
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 
-CONFIG_DIR = Path(os.environ.get("HUMMING_TRITON_CONFIG_DIR", Path(__file__).resolve().parents[2] / "autotune_configs"))
+from ..calls import KernelConfig, m_bucket  # noqa: F401 -- m_bucket: re-exported for callers
+
+DenseConfig = KernelConfig  # the one config object of every family (old name kept for callers)
 GEMV_MAX_M = 8
 NUM_SMS_DEFAULT = 132
-
-
-@dataclass(frozen=True)
-class DenseConfig:
-    family: str  # "gemv" | "gemv_words" | "tiled" | "dequant_mm"
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    group_m: int = 8
-    num_warps: int = 4
-    num_stages: int = 3
-
-
-def m_bucket(m: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(m, 1))))
 
 
 def _pow2_floor(v: int) -> int:
@@ -48,35 +29,27 @@ def fit_block_k(bk: int, group_k: int, k: int, bits: int) -> int:
     return max(bk, epw)
 
 
-@functools.lru_cache(maxsize=None)
-def _tuned(device_slug: str) -> dict:
-    path = CONFIG_DIR / f"{device_slug}.json"
-    if not path.exists():
-        return {}
-    return json.loads(path.read_text()).get("dense", {})
-
-
 DEQUANT_MM_MIN_M = 512  # measured on H200: from here dequantize-once + cuBLAS beats in-tile dequantization
 
 
 def heuristic(m: int, n: int, k: int, bits: int, num_sms: int = NUM_SMS_DEFAULT, zero_point: bool = False
-              ) -> DenseConfig:
-    if m <= GEMV_MAX_M:
-        bm = m_bucket(m)
-        if 32 % bits == 0:  # the word-major GEMV, bm rows sharing each decoded tile (falls back where it cannot run)
-            family, bn, bk = "gemv_words", 4, max(128, 1024 // bm)
+              ) -> KernelConfig:
+    if m == 1:
+        if 32 % bits == 0:  # the word-major GEMV (falls back to the generic one where a word spans two groups)
+            family, bn, bk = "gemv_words", 4, 1024
         else:
-            family, bn = "gemv", 8
-            bk = 512 if bm == 1 else max(64, 4096 // (bm * bn))
+            family, bn, bk = "gemv", 8, 512
         bk = min(bk, max(32, _pow2_floor(k)))
-        programs = -(-n // bn) * -(-m // bm)
+        programs = -(-n // bn)
         k_tiles = -(-k // bk)
         split = 1  # split K only while the row tiles alone leave the GPU short of ~4 programs per SM
         while programs * split < 4 * num_sms and split * 2 <= max(1, k_tiles // 2):
             split *= 2
-        return DenseConfig(family, bm, bn, bk, split, num_warps=4, num_stages=1)
+        return KernelConfig(family, 1, bn, bk, split, num_warps=4, num_stages=1)
+    # M = 2..8 takes the 16-row tiles below: the multi-row word-major GEMV measured 3-13x slower on the H200
+    # (2026-12-01 decode suite) and the tiled kernel's time at M = 16 bounds it
     if m >= DEQUANT_MM_MIN_M:
-        return DenseConfig("dequant_mm", 1, 32, 128)
+        return KernelConfig("dequant_mm", 1, 32, 128)
     bm = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
     bn = 64 if m <= 64 else 128
     # zero points and < 4-bit codes cost registers in the decode: a narrower tile keeps them from spilling
@@ -93,21 +66,12 @@ def heuristic(m: int, n: int, k: int, bits: int, num_sms: int = NUM_SMS_DEFAULT,
     split = 1
     while programs * split < num_sms and split * 2 <= max(1, -(-k // bk) // 4):
         split *= 2  # mid M: too few output tiles to stream the weight at full bandwidth
-    return DenseConfig("tiled", bm, bn, bk, split, 8, warps, stages)
+    return KernelConfig("tiled", bm, bn, bk, split, 8, warps, stages)
 
 
-def tuned_key(m: int, n: int, k: int, scheme_name: str) -> str:
-    return f"{m_bucket(m)}|{n}|{k}|{scheme_name}"
-
-
-def choose(m: int, n: int, k: int, bits: int, group_k: int, device_slug: str | None = None,
-           num_sms: int = NUM_SMS_DEFAULT, scheme_name: str = "", zero_point: bool = False) -> DenseConfig:
-    cfg = None
-    if device_slug:
-        entry = _tuned(device_slug).get(tuned_key(m, n, k, scheme_name))
-        if entry:
-            cfg = DenseConfig(**{f: v for f, v in entry.items() if f in DenseConfig.__dataclass_fields__})
-    cfg = cfg or heuristic(m, n, k, bits, num_sms, zero_point)
+def choose(m: int, n: int, k: int, bits: int, group_k: int, num_sms: int = NUM_SMS_DEFAULT,
+           zero_point: bool = False) -> KernelConfig:
+    cfg = heuristic(m, n, k, bits, num_sms, zero_point)
     return replace(cfg, block_k=fit_block_k(cfg.block_k, group_k, k, bits))
 
 
@@ -137,10 +101,10 @@ def fp8_config(m: int, n: int, k: int, weight_group_k: int, act_group_k: int,
         cfg = heuristic(max(m, GEMV_MAX_M + 1), n, k, 4, num_sms)
         bk = act_block_k(cfg.block_k, k, weight_group_k, act_group_k, act_dtype, weight_exact_bf16)
         if cfg.family == "dequant_mm" or bk is None:
-            return DenseConfig("dequant_mm", 1, 32, 128)
-        return replace(cfg, block_k=bk)
+            return KernelConfig("dequant_mm", 1, 32, 128)
+        return replace(cfg, family="act_tiled", block_k=bk)
     if m >= DEQUANT_MM_MIN_M and act_dtype != "int8":
-        return DenseConfig("dequant_mm", 1, 32, 128)
+        return KernelConfig("dequant_mm", 1, 32, 128)
     bm = 16 if m <= 16 else 64 if m <= 64 else 128
     bn = 64 if m <= 64 else 128
     # 128x128x128 spills on sm_90 (kernels.inspect); 64 does not
@@ -149,7 +113,7 @@ def fp8_config(m: int, n: int, k: int, weight_group_k: int, act_group_k: int,
     split = 1
     while programs * split < num_sms and split * 2 <= max(1, -(-k // bk) // 4):
         split *= 2
-    return DenseConfig("tiled", bm, bn, bk, split, 8, 4 if bm <= 64 else 8, 3)
+    return KernelConfig("act_tiled", bm, bn, bk, split, 8, 4 if bm <= 64 else 8, 3)
 
 
 def act_block_k(bk: int, k: int, weight_group_k: int, act_group_k: int, act_dtype: str,

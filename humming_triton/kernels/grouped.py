@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..dispatch import interpreting
+from ..calls import KernelConfig, interpreting
 from ..formats.weight import QuantWeight
 from . import configs
 from ._grouped_tiled import grouped_tiled_kernel
-from .dense import (PER_TOKEN, _format, _launch_format, act_block_k, act_kind, check_act_group, post_scale,
+from .dense import (PER_TOKEN, _format, _launch_format, act_block_k, act_kind, check_act_group,
                     triton_quantize_activation)
+from .launch import post_scale
 
 __all__ = ["triton_grouped_linear"]
 
@@ -18,11 +19,12 @@ __all__ = ["triton_grouped_linear"]
 def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tensor, bias: torch.Tensor | None = None,
                           out_dtype: torch.dtype | None = None, block_m: int | None = None,
                           block_n: int | None = None, block_k: int | None = None, num_warps: int = 4,
-                          num_stages: int = 3,
-                          out: torch.Tensor | None = None) -> torch.Tensor:
+                          num_stages: int = 3, out: torch.Tensor | None = None,
+                          config: KernelConfig | None = None) -> torch.Tensor:
     """``y[r] = x[r] @ dequant(qw[e]).T (+ bias[e])`` for rows ``offsets[e] <= r < offsets[e+1]``; for an
     activation-quantized scheme x is quantized first (all rows at once, as the reference does) and the tiles
-    run on its codes like the dense quantized-activation path."""
+    run on its codes like the dense quantized-activation path.  ``config`` (family ``grouped``: tiles, warps,
+    stages) is dispatch's measured choice; without one the tiles follow the rows per expert."""
     if qw.k_perm is not None and qw.scheme.act is not None:
         raise NotImplementedError(f"act-order (k_perm) experts with quantized activations ({qw.scheme.name}) have "
                                   f"no Triton grouped GEMM")
@@ -38,6 +40,9 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
         check_act_group(qw.scheme.act, k)
     # rows per expert on average decide the tile height (known on the host without a sync)
     bm, bn, bk = configs.grouped_tiles(t, e, qw.scheme.bits, qw.scheme.zero != "none")
+    if config is not None:
+        bm, bn, bk = config.block_m, config.block_n, config.block_k
+        num_warps, num_stages = config.num_warps, config.num_stages
     act = qw.scheme.act
     bm, block_n = block_m or bm, block_n or bn
     kind = act_kind(act, bm)  # fp8 codes: fp8 mma.sync on 16-row tiles, a bf16 MMA on larger ones

@@ -12,17 +12,18 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, replace
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+import torch
+
+from ..calls import Call, KernelConfig
 from ..formats.scheme import QuantScheme
-from . import configs
-from ._dense_gemv import dense_gemv_kernel, dense_gemv_words_kernel
-from ._dense_tiled import dense_tiled_kernel
+from . import configs, families
 from .format_args import format_constexprs
+from .launch import launch_format
 
 _SASS_COUNTS = {"ldg128": "LDG.E.128", "ldg_u16": "LDG.E.U16", "ldl": "LDL", "hgmma": "HGMMA", "hmma": "HMMA",
                 "qgmma": "QGMMA", "igmma": "IGMMA", "imma": "IMMA",
@@ -33,45 +34,30 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_report(scheme: str, m: int, n: int, k: int, cfg: configs.DenseConfig | None = None,
+def compile_report(scheme: str, m: int, n: int, k: int, cfg: KernelConfig | None = None,
                    act: str = "bf16", arch: int = 90) -> dict:
-    """Compile the kernel ``triton_linear`` would launch (gemv or tiled) with the runtime's divisibility
-    specialisation, and report resources and SASS instruction counts."""
+    """Compile the kernel ``triton_linear`` would launch for this config (default: the built-in heuristic's)
+    with the runtime's divisibility specialisation, and report resources and SASS instruction counts."""
+    from .dense import act_constexprs, default_config, fitted
     s = QuantScheme.parse(scheme)
+    call = Call("quant_linear", s, getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}.get(act, act)), m, n, k)
+    cfg = fitted(cfg or default_config(call), call)
+    fam = families.get(cfg.family)
     fmt = format_constexprs(s, n, k)
-    if s.act is not None:
-        from .dense import act_config
-        cfg = cfg or act_config(m, n, k, s)
-    cfg = cfg or configs.choose(m, n, k, s.bits, fmt["GROUP_K"], zero_point=s.zero != "none")
-    if cfg.family == "dequant_mm":
-        raise ValueError("dequant_mm runs the dequantize kernel and cuBLAS; inspect a gemv or tiled config")
-    cfg = replace(cfg, block_k=configs.fit_block_k(cfg.block_k, fmt["GROUP_K"], k, s.bits))
-    if fmt["GROUP_K"] >= k:
-        fmt["GROUP_K"] = max(k, cfg.block_k)
     ptrs = _pointer_types(s, act, cfg.split_k)
-    consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
-                  HAS_BIAS=False, SPLIT_K=cfg.split_k, **fmt)
-    from .dense import words_gemv_constexprs, words_gemv_fits
-    if cfg.family == "gemv_words" and words_gemv_fits(s.bits, fmt["GROUP_K"], k):
-        kern = dense_gemv_words_kernel
-        consts = words_gemv_constexprs(consts, cfg.block_k, cfg.num_stages, s.bits, fused_fma=True)
-    elif cfg.family in ("gemv", "gemv_words"):
-        kern = dense_gemv_kernel
+    ints = dict(M=m, N=n, K=k, stride_xm=k, stride_wn=(k * s.bits + 31) // 32, stride_ym=n)
+    if fam.name == "act_tiled":
+        from ._dense_tiled import dense_tiled_kernel
+        consts = act_constexprs(fmt, call, cfg, False)
+        ptrs.update(x_ptr="*u8", xs_ptr="*u8" if consts["ACT_KIND"] in (3, 4) else "*fp32")
+        out = _compile(dense_tiled_kernel, consts, ptrs, ints, cfg.num_warps, cfg.num_stages, arch)
     else:
-        kern = dense_tiled_kernel
-        from .dense import post_scale
-        post = post_scale(fmt, cfg.block_k)
-        from .dense import act_kind
-        kind = act_kind(s.act, cfg.block_m)
-        consts.update(GROUP_M=cfg.group_m, POST_SCALE=post, DOT_F32=False, ACT_KIND=kind,
-                      ACT_GROUP_K=(s.act.group_k or 1 << 30) if s.act is not None else 1)
-        ptrs["xs_ptr"] = "*u8" if kind in (3, 4) else "*fp32"
-        if s.act is not None:
-            ptrs["x_ptr"] = "*u8"
-            consts["HAS_GLOBAL"] = consts["HAS_GLOBAL"] or s.act.global_scale
-    out = _compile(kern, consts, ptrs, dict(M=m, N=n, K=k, stride_xm=k, stride_wn=(k * s.bits + 31) // 32,
-                                             stride_ym=n), cfg.num_warps, cfg.num_stages, arch)
-    return {"scheme": s.name, "M": m, "N": n, "K": k, **asdict(cfg), **out}
+        spec = fam.spec(launch_format(fmt, k, cfg.block_k), call, cfg, False)
+        if spec is None:
+            raise ValueError(f"{fam.name} is not one Triton launch (it composes torch ops); inspect a kernel family")
+        ptrs["xs_ptr"] = "*fp32"
+        out = _compile(spec.kernel, spec.constexprs, ptrs, ints, spec.num_warps, spec.num_stages, arch)
+    return {"scheme": s.name, "M": m, "N": n, "K": k, **cfg.to_json(), **out}
 
 
 def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: str = "bf16", arch: int = 90,
@@ -79,7 +65,8 @@ def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: st
     """The same report for the grouped (MoE) kernel with the tiles its launcher picks for ``rows`` routed rows
     (``act_order``: experts with a K permutation, gathered in the kernel)."""
     from ._grouped_tiled import grouped_tiled_kernel
-    from .dense import act_block_k, act_kind, post_scale
+    from .dense import act_block_k, act_kind
+    from .launch import post_scale
     s = QuantScheme.parse(scheme)
     block_m, block_n, block_k = configs.grouped_tiles(rows, experts, s.bits, s.zero != "none")
     kind = act_kind(s.act, block_m)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..dispatch import BACKENDS
+from ..dispatch import check_backend_name
 from ..formats.quantize import quantize_weight
 from ..formats.scheme import QuantScheme
 from ..formats.weight import QuantWeight
@@ -27,8 +27,7 @@ class QuantLinear(QuantBuffersMixin, nn.Module):
             raise TypeError(f"QuantLinear needs a QuantWeight, got {type(qw).__name__}")
         if qw.num_experts is not None:
             raise ValueError(f"QuantLinear takes a 2-D [N, K] QuantWeight, got {list(qw.shape)}; use QuantMoE")
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+        check_backend_name(backend)
         bias = qw.bias if bias is None else bias
         if bias is not None and tuple(bias.shape) != (qw.N,):
             raise ValueError(f"bias must have shape [{qw.N}], got {list(bias.shape)}")

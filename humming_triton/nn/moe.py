@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..dispatch import BACKENDS
+from ..dispatch import check_backend_name
 from ..formats.quantize import quantize_weight
 from ..formats.scheme import QuantScheme
 from ..formats.weight import QuantWeight
@@ -100,8 +100,7 @@ class QuantMoE(QuantBuffersMixin, nn.Module):
                              "expected [E, 2I, H] and [E, H, I]")
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown MoE activation {activation!r}; expected one of {ACTIVATIONS}")
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+        check_backend_name(backend)
         self.num_experts, self.hidden_dim, self.intermediate_dim = down.num_experts, down.N, down.K
         self.activation, self.backend, self.scheme = activation, backend, gate_up.scheme
         # HF marks routing slots of experts living on another rank with index == num_experts

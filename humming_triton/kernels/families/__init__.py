@@ -1,0 +1,96 @@
+"""Kernel families as a registry: one module per family, each saying what it supports, its tuning candidates
+and how it launches (a ``LaunchSpec`` the runtime and ``kernels.inspect`` share).
+
+A family belongs to a backend (``triton`` for our kernels, ``torch`` for paths composed of torch ops around our
+Triton quantize/dequantize kernels) and to one op.  The tuner, ``kernels.inspect``, ``scripts/compile_check.py``
+and the tests iterate ``registered()``; a new family is a new module in this folder and nothing else.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from ...calls import Call, KernelConfig
+from ..launch import LaunchSpec
+
+__all__ = ["Family", "register", "get", "registered", "base_constexprs"]
+
+_FAMILIES: dict[str, "Family"] = {}
+
+
+class Family:
+    """Override ``reason`` and ``candidates``; single-launch families override ``spec`` (the runtime caches the
+    launch), multi-step ones (quantize + GEMM, dequantize + cuBLAS) override ``run``."""
+    name = ""
+    op = "quant_linear"
+    backend = "triton"
+
+    def reason(self, call: Call) -> str | None:
+        """None when this family can run the call, else why not."""
+        return None
+
+    def mma(self, call: Call) -> str:
+        """The MMA kind this family needs for the call (capability.MMA_KINDS; "fma": no tensor cores)."""
+        return "fma"
+
+    def candidates(self, call: Call) -> list[KernelConfig]:
+        """Configs worth timing for this call (each costs one compilation in the sweep)."""
+        return []
+
+    def spec(self, fmt: dict, call: Call, cfg: KernelConfig, has_bias: bool) -> LaunchSpec | None:
+        return None
+
+    def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
+        raise NotImplementedError(f"family {self.name} is launched through spec()")
+
+    def __repr__(self) -> str:
+        return f"<family {self.backend}/{self.name} ({self.op})>"
+
+
+def register(family: Family) -> Family:
+    if family.name in _FAMILIES and type(_FAMILIES[family.name]) is not type(family):
+        raise ValueError(f"kernel family {family.name!r} is registered twice")
+    _FAMILIES[family.name] = family
+    return family
+
+
+_loaded = False
+
+
+def _load() -> None:
+    """Import every module of this package once (each registers itself)."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for mod in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{mod.name}")
+
+
+def get(name: str) -> Family:
+    _load()
+    if name not in _FAMILIES:
+        raise ValueError(f"unknown kernel family {name!r}; registered: {sorted(_FAMILIES)}")
+    return _FAMILIES[name]
+
+
+def registered(op: str | None = None, backend: str | None = None) -> list[Family]:
+    _load()
+    return [f for f in _FAMILIES.values() if (op is None or f.op == op) and (backend is None or f.backend == backend)]
+
+
+def base_constexprs(fmt: dict, call: Call, cfg: KernelConfig, has_bias: bool) -> dict:
+    """The constexprs every dense weight-only family takes: tiles, split, masks, bias, the format."""
+    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+                EVEN_K=call.k % cfg.block_k == 0, HAS_BIAS=has_bias and cfg.split_k == 1, **fmt)
+
+
+def tile_mma(call: Call) -> str:
+    """The MMA the tiled tensor-core kernels need for this call's activations (capability.kernel_mma_kind)."""
+    from ...capability import kernel_mma_kind
+    return kernel_mma_kind(None if call.scheme.act is None else str(call.scheme.act.dtype), call.dtype)
+
+
+def sixteen_bit_reason(call: Call) -> str | None:
+    if call.scheme.act is not None:
+        return f"{call.scheme.name} quantizes its activations (this family takes 16-bit activations)"
+    return None

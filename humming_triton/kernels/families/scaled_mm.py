@@ -1,0 +1,50 @@
+"""``scaled_mm`` (torch backend): our fused e4m3 activation quantizer, then cuBLASLt's fp8 GEMM
+(``torch._scaled_mm``, row-wise scales, fast accumulation off -- the project's fp8 accuracy standard) on the
+weight's own e4m3 codes: the canonical layout packs 4 codes per int32 word in K order, so the words viewed as
+bytes *are* the [N, K] e4m3 matrix (no copy)."""
+from __future__ import annotations
+
+import torch
+
+from ...calls import Call, KernelConfig
+from . import Family, register
+
+
+class ScaledMM(Family):
+    name = "scaled_mm"
+    backend = "torch"
+
+    def reason(self, call: Call) -> str | None:
+        s, a = call.scheme, call.scheme.act
+        if call.device_type != "cuda":
+            return "torch._scaled_mm needs a CUDA GPU"
+        if a is None or str(a.dtype) != "e4m3fn" or not a.per_token or a.group_k or a.static or a.global_scale:
+            return f"{s.name}: _scaled_mm takes dynamic per-token e4m3 activations"
+        if str(s.weight) != "e4m3fn" or str(s.scale.dtype) != "fp32" or s.scale.block_n != 1 or s.scale.block_k \
+                or s.scale.global_scale or s.zero != "none":
+            return f"{s.name}: _scaled_mm takes e4m3 weights with fp32 per-channel scales"
+        if call.k % 16 or call.n % 16:
+            return f"_scaled_mm needs N and K multiples of 16 (got N={call.n}, K={call.k})"
+        if call.act_order:
+            return "act-order weights"
+        return None
+
+    def mma(self, call: Call) -> str:
+        return "fp8"
+
+    def candidates(self, call: Call) -> list[KernelConfig]:
+        return [KernelConfig("scaled_mm")]
+
+    def run(self, x, x2, qw, bias, out_dtype, cfg, out):
+        from ..dense import check_act_group, triton_quantize_activation
+        check_act_group(qw.scheme.act, qw.K)
+        q = triton_quantize_activation(x2, qw.scheme.act, qw.input_scale)
+        w = qw.data.view(torch.uint8).view(torch.float8_e4m3fn)  # [N, K] e4m3 codes, K-contiguous
+        b = None if bias is None else bias.to(torch.bfloat16)
+        y = torch._scaled_mm(q.codes.view(torch.float8_e4m3fn), w.t(), scale_a=q.scales,
+                             scale_b=qw.scales.reshape(1, -1), bias=b, out_dtype=torch.bfloat16,
+                             use_fast_accum=False)
+        return out.copy_(y) if out is not None else y.to(out_dtype)
+
+
+register(ScaledMM())
