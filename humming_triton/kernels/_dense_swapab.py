@@ -8,12 +8,13 @@ MMA cost is flat in M, and the time is the weight stream plus the decode.  The a
 ``[BLOCK_N, BLOCK_M]``; it is transposed once, after the K loop, for the shared epilogue.
 
 Same format constexprs, decode helpers, POST_SCALE rule and split-K epilogue as the tiled kernel
-(``_dense_tiled.py``); only 16-bit (and fp32, interpreter) activations.
+(``_dense_tiled.py``); only 16-bit (and fp32, interpreter) activations.  INT4_16: signed int4 codes with a scale
+per K tile decode straight to x's 16-bit type with packed instructions (``decode.load_int4_tile_16``).
 """
 import triton
 import triton.language as tl
 
-from .decode import decode_scales, dequant_tile, load_group_params, store_output
+from .decode import decode_scales, dequant_tile, load_group_params, load_int4_tile_16, store_output
 
 
 @triton.jit
@@ -22,7 +23,7 @@ def dense_swapab_kernel(
     M, N, K, stride_xm, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     POST_SCALE: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_GLOBAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_GLOBAL: tl.constexpr, INT4_16: tl.constexpr, ASM: tl.constexpr,
     BITS: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, ZERO_KIND: tl.constexpr,
     W_IS_FLOAT: tl.constexpr, W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr,
     W_BIAS: tl.constexpr, W_SPECIAL: tl.constexpr, SCALE_IS_CODE: tl.constexpr,
@@ -45,10 +46,14 @@ def dense_swapab_kernel(
             x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None], other=0.0)
         else:
             x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
-        w = dequant_tile(w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, offs_n, k0,
-                         N, K, BLOCK_N, BLOCK_K, EVEN_K, not POST_SCALE, BITS, GROUP_K, GROUP_N, ZERO_KIND,
-                         W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT,
-                         S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
+        if INT4_16:  # signed int4, scale per tile: packed decode straight to x's 16-bit type
+            w = load_int4_tile_16(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N, BLOCK_K, EVEN_K,
+                                  x_ptr.dtype.element_ty == tl.bfloat16, ASM)
+        else:
+            w = dequant_tile(w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, offs_n,
+                             k0, N, K, BLOCK_N, BLOCK_K, EVEN_K, not POST_SCALE, BITS, GROUP_K, GROUP_N, ZERO_KIND,
+                             W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT,
+                             S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
         if DOT_F32:  # the interpreter multiplies bf16 bit patterns: upcast (after the same rounding)
             part = tl.dot(w.to(x.dtype).to(tl.float32), tl.trans(x.to(tl.float32)), input_precision="ieee")
         else:

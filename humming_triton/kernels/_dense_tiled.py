@@ -10,7 +10,8 @@ at mid M, SPLIT_K programs share an output tile (fp32 atomics) so that enough pr
 import triton
 import triton.language as tl
 
-from .decode import broadcast_groups, decode_float, decode_scales, dequant_tile, load_group_params, store_output
+from .decode import (broadcast_groups, decode_float, decode_scales, dequant_tile, load_group_params,
+                     load_int4_tile_16, store_output)
 
 
 @triton.jit
@@ -37,6 +38,9 @@ def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, perm_ptr, stride_w
     scale in registers -- exact in bf16 (at most 6 significant bits) -- and meets the scaled weight in a bf16
     MMA (the global scales are the caller's, in the epilogue).
 
+    ACT_KIND 6 (16-bit activations, signed int4 codes, POST_SCALE): the codes are decoded to x's type with packed
+    instructions (``decode.load_int4_tile_16``); ACT_KIND 0 decodes any format through fp32.
+
     HAS_PERM (act-order weights, 16-bit activations): the weight is stored in permuted K order, and x's column
     ``perm_ptr[k]`` meets stored column k -- gathered here instead of permuting x in memory per call."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -50,11 +54,20 @@ def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, perm_ptr, stride_w
             x = tl.load(x_rows + kx[None, :], mask=mask_m, other=0)
         else:
             x = tl.load(x_rows + kx[None, :], mask=mask_m & (offs_k[None, :] < K), other=0)
-        w = dequant_tile(w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, offs_n, k0,
-                         N, K, BLOCK_N, BLOCK_K, EVEN_K, not POST_SCALE, BITS, GROUP_K, GROUP_N, ZERO_KIND,
-                         W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT,
-                         S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
-        if ACT_KIND == 1:
+        if ACT_KIND == 6:  # signed int4, a scale per tile: packed decode straight to x's 16-bit type
+            w16 = load_int4_tile_16(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N, BLOCK_K, EVEN_K,
+                                    x_rows.dtype.element_ty == tl.bfloat16, not DOT_F32)
+        else:
+            w = dequant_tile(w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, offs_n,
+                             k0, N, K, BLOCK_N, BLOCK_K, EVEN_K, not POST_SCALE, BITS, GROUP_K, GROUP_N, ZERO_KIND,
+                             W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT,
+                             S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
+        if ACT_KIND == 6:
+            if DOT_F32:  # the interpreter (and its bf16 bit-pattern products): upcast the exact values
+                part = tl.dot(x.to(tl.float32), tl.trans(w16.to(tl.float32)), input_precision="ieee")
+            else:
+                part = tl.dot(x, tl.trans(w16))
+        elif ACT_KIND == 1:
             part = tl.dot(x.to(tl.float8e4nv, bitcast=True), tl.trans(w.to(tl.float8e4nv)))
             part = part * tl.load(xs_rows + k0 // ACT_GROUP_K, mask=mask_m, other=0.0)
         elif ACT_KIND == 5:  # e4m3 codes on a bf16 MMA: exact products, and bf16 wgmma accumulates exactly

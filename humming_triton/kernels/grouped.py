@@ -11,6 +11,7 @@ from . import configs
 from ._grouped_tiled import grouped_tiled_kernel
 from .dense import (PER_TOKEN, _format, _launch_format, act_block_k, act_kind, check_act_group,
                     triton_quantize_activation)
+from .families import packed_int4
 from .launch import post_scale
 
 __all__ = ["triton_grouped_linear"]
@@ -51,6 +52,8 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
         bk = act_block_k(bk, qw.scheme, k)
     fmt = _launch_format(qw, bk)
     post = post_scale(fmt, bk)
+    if kind == 0 and packed_int4(fmt, post, x.dtype):
+        kind = 6  # signed int4 with a scale per tile: the packed decode (_dense_tiled.tile_matmul)
     if kind in (1, 2, 5) and not post:
         raise ValueError(f"the quantized-activation path needs BLOCK_K ({bk}) to divide the weight group "
                          f"({fmt['GROUP_K']}) of {qw.scheme.name}")

@@ -90,6 +90,13 @@ def tile_mma(call: Call) -> str:
     return kernel_mma_kind(None if call.scheme.act is None else str(call.scheme.act.dtype), call.dtype)
 
 
+def packed_int4(fmt: dict, post: bool, dtype) -> bool:
+    """Signed int4 codes, no zero point, one scale per K tile, 16-bit x: the packed int4 decode applies
+    (decode.load_int4_tile_16)."""
+    return (fmt["BITS"] == 4 and not fmt["W_IS_FLOAT"] and fmt["W_SIGNED"] and fmt["ZERO_KIND"] == 0 and post
+            and dtype.itemsize == 2)
+
+
 def sixteen_bit_reason(call: Call) -> str | None:
     if call.scheme.act is not None:
         return f"{call.scheme.name} quantizes its activations (this family takes 16-bit activations)"

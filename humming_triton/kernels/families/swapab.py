@@ -7,7 +7,7 @@ import triton
 from ...calls import Call, KernelConfig, interpreting
 from .._dense_swapab import dense_swapab_kernel
 from ..launch import LaunchSpec, post_scale
-from . import Family, tile_mma, base_constexprs, register, sixteen_bit_reason
+from . import Family, base_constexprs, packed_int4, register, sixteen_bit_reason, tile_mma
 
 MAX_M = 16
 
@@ -32,8 +32,9 @@ class SwapAB(Family):
 
     def spec(self, fmt: dict, call: Call, cfg: KernelConfig, has_bias: bool) -> LaunchSpec:
         consts = base_constexprs(fmt, call, cfg, has_bias)
-        consts.update(BLOCK_M=16, POST_SCALE=post_scale(fmt, cfg.block_k),
-                      DOT_F32=interpreting() or call.dtype.itemsize == 4)
+        post = post_scale(fmt, cfg.block_k)
+        consts.update(BLOCK_M=16, POST_SCALE=post, DOT_F32=interpreting() or call.dtype.itemsize == 4,
+                      INT4_16=packed_int4(fmt, post, call.dtype), ASM=not interpreting())
         grid = (triton.cdiv(call.n, cfg.block_n), cfg.split_k, triton.cdiv(call.m, 16))
         return LaunchSpec(dense_swapab_kernel, grid, consts, cfg.num_warps, cfg.num_stages, split=cfg.split_k)
 

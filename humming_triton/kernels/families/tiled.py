@@ -7,7 +7,7 @@ import triton
 from ...calls import Call, KernelConfig, interpreting
 from .._dense_tiled import dense_tiled_kernel
 from ..launch import LaunchSpec, post_scale
-from . import Family, tile_mma, base_constexprs, register, sixteen_bit_reason
+from . import Family, base_constexprs, packed_int4, register, sixteen_bit_reason, tile_mma
 
 C = KernelConfig
 
@@ -42,8 +42,9 @@ class Tiled(Family):
 
     def spec(self, fmt: dict, call: Call, cfg: KernelConfig, has_bias: bool) -> LaunchSpec:
         consts = base_constexprs(fmt, call, cfg, has_bias)
-        consts.update(ACT_KIND=0, ACT_GROUP_K=1, GROUP_M=cfg.group_m, POST_SCALE=post_scale(fmt, cfg.block_k),
-                      DOT_F32=interpreting() or call.dtype.itemsize == 4)
+        post = post_scale(fmt, cfg.block_k)
+        consts.update(ACT_KIND=6 if packed_int4(fmt, post, call.dtype) else 0, ACT_GROUP_K=1, GROUP_M=cfg.group_m,
+                      POST_SCALE=post, DOT_F32=interpreting() or call.dtype.itemsize == 4)
         grid = (triton.cdiv(call.m, cfg.block_m) * triton.cdiv(call.n, cfg.block_n), cfg.split_k)
         return LaunchSpec(dense_tiled_kernel, grid, consts, cfg.num_warps, cfg.num_stages,
                           scalars={"stride_xsm": 0}, split=cfg.split_k)
