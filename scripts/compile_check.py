@@ -9,7 +9,9 @@ another.  Two steps, two interpreters:
                                                               [--jobs N] [--json results.json] [--verbose]
 
 ``dump`` records what ``kernels.inspect`` would compile (signature, constexprs, divisibility attributes, warps,
-stages) for every preset at several M, the grouped kernel, the dequantize kernel and the activation quantizer.
+stages) for every preset at several M with the built-in configs, the first candidate of every registered dense
+family those configs never pick (a measured table can pick it), the grouped kernel, the dequantize kernel and
+the activation quantizer.
 ``compile`` loads the kernel modules straight from humming_triton/kernels/ (they import only triton) and
 ``humming_triton/capability.py`` by path (it imports no torch), then, arch by arch, compiles each distinct
 variant with ``triton.compile(src, target=GPUTarget("cuda", arch, 32))`` -- Triton itself turns 90 / 100 / 120
@@ -52,19 +54,38 @@ def dump(path: str) -> int:
         return {}
 
     ins._compile = record
+    reached = set()
     for preset in PRESETS:
         for m in (1, 2, 4, 8, 16, 64, 256):
             try:
-                ins.compile_report(preset, m, 4096, 4096)
+                reached.add(ins.compile_report(preset, m, 4096, 4096)["family"])
             except ValueError:  # dequant_mm: the dequantize kernel + cuBLAS, covered below
                 pass
+    # a family the built-in defaults never pick can still be chosen by a measured table (autotune_configs/):
+    # compile its first candidate for every preset, at the smallest of these M it takes
+    import torch
+    from humming_triton.calls import Call
+    from humming_triton.formats import QuantScheme
+    from humming_triton.kernels import families
+    for fam in families.registered("quant_linear", "triton"):
+        if fam.name in reached:
+            continue
+        for preset in PRESETS:
+            for m in (1, 16, 64, 256):
+                call = Call("quant_linear", QuantScheme.parse(preset), torch.bfloat16, m, 4096, 4096)
+                cands = [] if fam.reason(call) else fam.candidates(call)
+                if cands:
+                    try:
+                        ins.compile_report(preset, m, 4096, 4096, cfg=cands[0])
+                    except ValueError:  # not a single Triton launch
+                        pass
+                    break
     for preset, rows in (("w4a16", 8), ("w4a16", 32768), ("mxfp4", 32768), ("w3a16", 32768), ("nvfp4", 8),
                          ("w8a8-fp8", 8), ("w8a8-fp8-block", 32768), ("w4a8-mxfp4", 8), ("w8a8-int8", 32768),
                          ("w4a8-int8", 8), ("w4a4-nvfp4", 8), ("w4a4-mxfp4", 32768)):
         ins.grouped_report(preset, 1536, 2048, 128, rows=rows)
     for preset, rows in (("w4a16", 8), ("w4a16", 32768), ("w3a16", 8)):  # act-order (GPTQ desc_act) experts
         ins.grouped_report(preset, 1536, 2048, 128, rows=rows, act_order=True)
-    from humming_triton.formats import QuantScheme
     from humming_triton.kernels import configs
     from humming_triton.kernels._dequant import dequant_kernel
     from humming_triton.kernels.format_args import format_constexprs
@@ -99,7 +120,7 @@ def load_capability():
 
 
 # the tile loops' ACT_KIND -> activation element type (kernels/dense.py: act_kind); 0: 16-bit activations
-_ACT_KIND_DTYPE = {0: None, 1: "e4m3fn", 5: "e4m3fn", 2: "int8", 3: "e2m1", 4: "e2m1"}
+_ACT_KIND_DTYPE = {0: None, 6: None, 1: "e4m3fn", 5: "e4m3fn", 2: "int8", 3: "e2m1", 4: "e2m1"}
 # kernel -> the constexpr that is the M side of its MMA (the wgmma check); swap-AB puts the weight's N there
 MMA_M_SIDE = {"dense_tiled_kernel": "BLOCK_M", "grouped_tiled_kernel": "BLOCK_M", "dense_swapab_kernel": "BLOCK_N"}
 
@@ -110,9 +131,12 @@ def job_mma(job: dict) -> str:
     c = job["constexprs"]
     if job["kernel"] in MMA_M_SIDE:
         x = job["signature"].get("x_ptr", "*bf16").lstrip("*")
-        if c.get("DOT_F32"):  # the fp32 (interpreter / fp32-activation) branch of the tile loop
-            x = "fp32"
-        return cap.kernel_mma_kind(_ACT_KIND_DTYPE[c.get("ACT_KIND", 0)], x)
+        if x != "u8":  # 16-bit (or fp32) activations, whatever the weight-decode variant (ACT_KIND 0 / 6)
+            return cap.kernel_mma_kind(None, "fp32" if c.get("DOT_F32") else x)
+        if c.get("ACT_KIND") not in _ACT_KIND_DTYPE:
+            raise ValueError(f"{job['kernel']}: unknown ACT_KIND {c.get('ACT_KIND')} on codes; add it to "
+                             f"scripts/compile_check.py:_ACT_KIND_DTYPE")
+        return cap.kernel_mma_kind(_ACT_KIND_DTYPE[c["ACT_KIND"]])
     if job["kernel"] == "act_quant_kernel" and c["KIND"] == 1:
         # the e4m3 quantizer converts through Triton's fp8e4nv (sm_89+) and serves only fp8-MMA schemes
         return "fp8"
