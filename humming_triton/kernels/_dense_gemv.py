@@ -12,7 +12,7 @@ from .decode import decode, decode_scales, dequant_tile, load_group_params, stor
 
 @triton.jit
 def dense_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr,
+    x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr,
     M, N, K, stride_xm, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_GLOBAL: tl.constexpr,
@@ -47,7 +47,9 @@ def dense_gemv_kernel(
             s = decode_scales(s, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
             part = part * tl.reshape(s, (1, BLOCK_N))
         acc += part
-    store_output(acc, y_ptr, b_ptr, g_ptr, offs_m, offs_n, offs_m < M, N, stride_ym, SPLIT_K, HAS_BIAS,
+    tile = pid_m * tl.num_programs(0) + pid_n
+    store_output(acc, y_ptr, b_ptr, g_ptr, ws_ptr, cnt_ptr, tile, pid_k, M, offs_m, offs_n, offs_m < M, N, stride_ym,
+                 SPLIT_K, HAS_BIAS,
                  HAS_GLOBAL)
 
 
@@ -67,7 +69,7 @@ def _word_tile(w_ptr, s_ptr, rows_w, rows_s, offs_w, mask_n, w_end, x_rows, mask
 
 @triton.jit
 def dense_gemv_words_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr,
+    x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr,
     M, N, K, magic, stride_xm, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, stride_ym,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, SPLIT_K: tl.constexpr,
     PREFETCH: tl.constexpr, FUSED_FMA: tl.constexpr,
@@ -169,4 +171,6 @@ def dense_gemv_words_kernel(
     else:
         out = tl.sum(tl.sum(acc, axis=1), axis=2)
     out = out - tl.sum(corr, axis=2)
-    store_output(out, y_ptr, b_ptr, g_ptr, offs_m, offs_n, mask_m, N, stride_ym, SPLIT_K, HAS_BIAS, HAS_GLOBAL)
+    tile = tl.program_id(2) * tl.num_programs(0) + pid_n
+    store_output(out, y_ptr, b_ptr, g_ptr, ws_ptr, cnt_ptr, tile, pid_k, M, offs_m, offs_n, mask_m, N, stride_ym,
+                 SPLIT_K, HAS_BIAS, HAS_GLOBAL)

@@ -19,7 +19,7 @@ from .decode import decode_scales, dequant_tile, load_group_params, load_int4_ti
 
 @triton.jit
 def dense_swapab_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr,
+    x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr,
     M, N, K, stride_xm, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     POST_SCALE: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
@@ -64,5 +64,7 @@ def dense_swapab_kernel(
             acc += part * s  # s: [BLOCK_N, 1], one group over the whole K tile
         else:
             acc += part
-    store_output(tl.trans(acc), y_ptr, b_ptr, g_ptr, offs_m, offs_n, mask_m, N, stride_ym, SPLIT_K, HAS_BIAS,
+    tile = tl.program_id(2) * tl.num_programs(0) + pid_n
+    store_output(tl.trans(acc), y_ptr, b_ptr, g_ptr, ws_ptr, cnt_ptr, tile, tl.program_id(1), M, offs_m, offs_n,
+                 mask_m, N, stride_ym, SPLIT_K, HAS_BIAS,
                  HAS_GLOBAL)

@@ -110,7 +110,7 @@ def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, perm_ptr, stride_w
 
 @triton.jit
 def dense_tiled_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr, xs_ptr,
+    x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr, xs_ptr, ws_ptr, cnt_ptr,
     M, N, K, stride_xm, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, stride_ym, stride_xsm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, POST_SCALE: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
@@ -139,5 +139,6 @@ def dense_tiled_kernel(
                       stride_zk, offs_n, t_begin, t_end, N, K, BLOCK_M, BLOCK_N, BLOCK_K, POST_SCALE, DOT_F32, EVEN_K,
                       False, ACT_KIND, ACT_GROUP_K, BITS, GROUP_K, GROUP_N, ZERO_KIND, W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS,
                       W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
-    store_output(acc, y_ptr, b_ptr, g_ptr, offs_m, offs_n, offs_m < M, N, stride_ym, SPLIT_K, HAS_BIAS,
+    store_output(acc, y_ptr, b_ptr, g_ptr, ws_ptr, cnt_ptr, pid, tl.program_id(1), M, offs_m, offs_n, offs_m < M, N,
+                 stride_ym, SPLIT_K, HAS_BIAS,
                  HAS_GLOBAL)

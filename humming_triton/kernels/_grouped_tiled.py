@@ -49,5 +49,6 @@ def grouped_tiled_kernel(
                       ACT_KIND, ACT_GROUP_K, BITS, GROUP_K, GROUP_N,
                       ZERO_KIND, W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT,
                       S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
-    store_output(acc, y_ptr, b_ptr + e64 * stride_be, g_ptr + e64 * stride_ge, offs_m, offs_n, mask_m, N,
+    store_output(acc, y_ptr, b_ptr + e64 * stride_be, g_ptr + e64 * stride_ge, y_ptr, offsets_ptr, 0, 0, 0, offs_m,
+                 offs_n, mask_m, N,
                  stride_ym, 1, HAS_BIAS, HAS_GLOBAL)

@@ -205,10 +205,16 @@ def decode_scales(s, SCALE_IS_CODE: tl.constexpr, S_IS_FLOAT: tl.constexpr, S_SI
 
 
 @triton.jit
-def store_output(acc, y_ptr, b_ptr, g_ptr, offs_m, offs_n, mask_m, N, stride_ym, SPLIT_K: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, HAS_GLOBAL: tl.constexpr):
-    """Shared epilogue: global scale, then bias + cast + store, or (split-K) an fp32 atomic add into a
-    workspace whose bias and cast the launcher applies after the last split."""
+def store_output(acc, y_ptr, b_ptr, g_ptr, ws_ptr, cnt_ptr, tile, split, M, offs_m, offs_n, mask_m, N, stride_ym,
+                 SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_GLOBAL: tl.constexpr):
+    """Shared epilogue: global scale, then bias + cast + store.
+
+    SPLIT_K > 1: split-K in one launch, deterministic.  Program ``split`` of output tile ``tile`` stores its fp32
+    partial into slice ``split`` of the workspace ``ws_ptr`` ([SPLIT_K, M, N], uninitialised) and bumps the
+    tile's counter (``cnt_ptr``, zeroed by the launcher); the program that finds the count at SPLIT_K - 1 is
+    the last one, adds the partials in split order and writes the output.  The barrier + acq_rel counter make
+    the other programs' partials visible to it (read from L2: .cg).  Before: an fp32 workspace memset, atomics
+    and a separate bias/cast kernel -- three launches and a sum order that changed from run to run."""
     if HAS_GLOBAL:
         acc = acc * tl.load(g_ptr)
     mask = mask_m[:, None] & (offs_n[None, :] < N)
@@ -218,7 +224,18 @@ def store_output(acc, y_ptr, b_ptr, g_ptr, offs_m, offs_n, mask_m, N, stride_ym,
             acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
     else:
-        tl.atomic_add(y_ptrs, acc, mask=mask)
+        plane = M.to(tl.int64) * N
+        ws = ws_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        tl.store(ws + split * plane, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+        if done == SPLIT_K - 1:
+            total = tl.load(ws, mask=mask, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT_K):
+                total += tl.load(ws + s * plane, mask=mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -154,17 +154,24 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
         fam, cfg = launch
         y = fam.run(x, x2, qw, bias, out_dtype, cfg, out)
         return y.reshape(*x.shape[:-1], n)
-    if launch.split == 1:
-        y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x.device)
-    else:
-        y = torch.zeros(m, n, dtype=torch.float32, device=x.device)
+    y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x.device)
     if m:
-        launch(x2, y, bias if bias is not None and launch.split == 1 else y)
-    if launch.split > 1:
-        if bias is not None:
-            y += bias.float()
-        y = out.copy_(y) if out is not None else y.to(out_dtype)
+        ws, cnt = split_buffers(launch.split, m, n, launch.tiles, x.device)
+        launch(x2, y, bias if bias is not None else y, ws, cnt)
     return y.reshape(*x.shape[:-1], n)
+
+
+def split_buffers(split: int, m: int, n: int, tiles: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-K's per-call state (store_output): an uninitialised fp32 workspace of SPLIT_K partial planes and a
+    zeroed counter per output tile -- fresh each call, so concurrent streams never share them."""
+    if split == 1:
+        return _NO_SPLIT.setdefault(device, (torch.empty(1, device=device), torch.zeros(1, dtype=torch.int32,
+                                                                                     device=device)))
+    return (torch.empty(split * m * n, dtype=torch.float32, device=device),
+            torch.zeros(tiles, dtype=torch.int32, device=device))
+
+
+_NO_SPLIT: dict = {}
 
 
 def default_config(call: Call, num_sms: int = configs.NUM_SMS_DEFAULT) -> KernelConfig:
@@ -214,9 +221,8 @@ def _plan(x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None, call: Ca
     if spec is None:
         return None
     (w, s, z, g), strides = weight_args(qw)
-    stride_ym = out_stride if spec.split == 1 else call.n  # split-K accumulates in a contiguous fp32 workspace
-    tensors = dict(x_ptr=None, y_ptr=None, b_ptr=None, w_ptr=w, s_ptr=s, z_ptr=z, g_ptr=g, M=call.m, N=call.n,
-                   K=call.k, stride_xm=x2.stride(0), stride_ym=stride_ym, **strides)
+    tensors = dict(x_ptr=None, y_ptr=None, b_ptr=None, ws_ptr=None, cnt_ptr=None, w_ptr=w, s_ptr=s, z_ptr=z, g_ptr=g,
+                   M=call.m, N=call.n, K=call.k, stride_xm=x2.stride(0), stride_ym=out_stride, **strides)
     if "xs_ptr" in spec.kernel.arg_names:
         tensors["xs_ptr"] = w  # the tiled kernel's activation-scale pointer: unused with 16-bit activations
     return Launch(spec, tensors)
@@ -241,7 +247,7 @@ def act_constexprs(fmt: dict, call: Call, cfg: KernelConfig, has_bias: bool) -> 
         raise ValueError(f"the quantized-activation path needs BLOCK_K ({cfg.block_k}) to divide the "
                          f"weight group ({fmt['GROUP_K']}) of {call.scheme.name}")
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-                EVEN_K=call.k % cfg.block_k == 0, HAS_BIAS=has_bias and cfg.split_k == 1, GROUP_M=cfg.group_m,
+                EVEN_K=call.k % cfg.block_k == 0, HAS_BIAS=has_bias, GROUP_M=cfg.group_m,
                 POST_SCALE=post, DOT_F32=interpreting(), ACT_KIND=kind, ACT_GROUP_K=act.group_k or PER_TOKEN,
                 **{**fmt, "HAS_GLOBAL": fmt["HAS_GLOBAL"] or act.global_scale})
 
@@ -271,21 +277,15 @@ def act_linear(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: torch.T
     consts = act_constexprs(_format(qw), call_of(x2, qw), cfg, bias is not None)
     (w, s, z, g), strides = weight_args(qw)
     split = cfg.split_k
-    if split == 1:
-        y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x.device)
-    else:
-        y = torch.zeros(m, n, dtype=torch.float32, device=x.device)
+    y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x.device)
     q = triton_quantize_activation(x2, act, qw.input_scale)
     if q.global_scale is not None:  # NV activations: both global scales multiply the accumulator once
         g = q.global_scale * qw.global_scale if qw.global_scale is not None else q.global_scale.reshape(1)
     b = bias if bias is not None else y
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
     if m:
-        dense_tiled_kernel[grid](q.codes, w, s, z, g, b, y, q.scales, M=m, N=n, K=k, stride_xm=q.codes.stride(0),
-                                 stride_ym=y.stride(0), stride_xsm=q.scales.stride(0), num_warps=cfg.num_warps,
-                                 num_stages=cfg.num_stages, **strides, **consts)
-    if split > 1:
-        if bias is not None:
-            y += bias.float()
-        y = out.copy_(y) if out is not None else y.to(out_dtype)
+        ws, cnt = split_buffers(split, m, n, grid[0], x.device)
+        dense_tiled_kernel[grid](q.codes, w, s, z, g, b, y, q.scales, ws, cnt, M=m, N=n, K=k,
+                                 stride_xm=q.codes.stride(0), stride_ym=y.stride(0), stride_xsm=q.scales.stride(0),
+                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, **strides, **consts)
     return y

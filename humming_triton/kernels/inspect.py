@@ -94,7 +94,7 @@ def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: st
 def _pointer_types(s: QuantScheme, act: str, split_k: int) -> dict:
     sdt = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}.get(str(s.scale.dtype), "*u8")
     return {"x_ptr": f"*{act}", "w_ptr": "*i32", "s_ptr": sdt, "z_ptr": sdt, "g_ptr": "*fp32", "b_ptr": f"*{act}",
-            "y_ptr": f"*{act}" if split_k == 1 else "*fp32"}
+            "y_ptr": f"*{act}", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
 
 
 def _compile(kern, consts: dict, ptrs: dict, ints: dict, num_warps: int, num_stages: int, arch: int) -> dict:

@@ -58,7 +58,7 @@ class LaunchSpec:
     num_warps: int
     num_stages: int
     scalars: dict = field(default_factory=dict)  # runtime scalar arguments beyond M/N/K/strides (e.g. magic)
-    split: int = 1            # SPLIT_K > 1: the output is an fp32 workspace reduced by atomics
+    split: int = 1            # SPLIT_K > 1: partials in a workspace, reduced in-kernel (decode.store_output)
 
 
 class Launch:
@@ -72,7 +72,7 @@ class Launch:
     ``HUMMING_TRITON_LAUNCH_REPLAY=1`` until it has been verified on a GPU (tests/test_dense_kernels.py:
     test_launch_replay_on_gpu)."""
 
-    __slots__ = ("kernel", "grid", "kwargs", "runner", "args", "slots", "split")
+    __slots__ = ("kernel", "grid", "kwargs", "runner", "args", "slots", "split", "tiles")
 
     def __init__(self, spec: LaunchSpec, tensors_and_ints: dict):
         kernel = spec.kernel
@@ -81,17 +81,21 @@ class Launch:
         self.kwargs = {**tensors_and_ints, **spec.scalars, **spec.constexprs, "num_warps": spec.num_warps,
                        "num_stages": spec.num_stages}
         self.split = spec.split
+        self.tiles = self.grid[0] * self.grid[2] if self.split > 1 else 1  # output tiles (split-K counters)
         self.runner = None
         names = kernel.arg_names  # every parameter, constexprs included: the order Triton's launcher takes
         self.args = [self.kwargs.get(a) for a in names]
-        self.slots = tuple(names.index(a) for a in ("x_ptr", "y_ptr", "b_ptr"))
+        self.slots = tuple(names.index(a) for a in ("x_ptr", "y_ptr", "b_ptr", "ws_ptr", "cnt_ptr"))
 
-    def __call__(self, x2: torch.Tensor, y: torch.Tensor, b: torch.Tensor) -> None:
+    def __call__(self, x2: torch.Tensor, y: torch.Tensor, b: torch.Tensor, ws: torch.Tensor,
+                 cnt: torch.Tensor) -> None:
         if self.runner is not None:  # the compiled kernel, launched directly with the arguments bound once
             args = list(self.args)
-            args[self.slots[0]], args[self.slots[1]], args[self.slots[2]] = x2, y, b
+            for slot, t in zip(self.slots, (x2, y, b, ws, cnt)):
+                args[slot] = t
             self.runner(*args)
             return
-        compiled = self.kernel[self.grid](**{**self.kwargs, "x_ptr": x2, "y_ptr": y, "b_ptr": b})
+        compiled = self.kernel[self.grid](**{**self.kwargs, "x_ptr": x2, "y_ptr": y, "b_ptr": b, "ws_ptr": ws,
+                                             "cnt_ptr": cnt})
         if hasattr(compiled, "function") and os.environ.get("HUMMING_TRITON_LAUNCH_REPLAY", "0") == "1":
             self.runner = compiled[self.grid]  # a GPU compile (the interpreter returns no CompiledKernel)

@@ -81,7 +81,7 @@ def registered(op: str | None = None, backend: str | None = None) -> list[Family
 def base_constexprs(fmt: dict, call: Call, cfg: KernelConfig, has_bias: bool) -> dict:
     """The constexprs every dense weight-only family takes: tiles, split, masks, bias, the format."""
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-                EVEN_K=call.k % cfg.block_k == 0, HAS_BIAS=has_bias and cfg.split_k == 1, **fmt)
+                EVEN_K=call.k % cfg.block_k == 0, HAS_BIAS=has_bias, **fmt)
 
 
 def tile_mma(call: Call) -> str:
