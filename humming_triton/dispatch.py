@@ -41,8 +41,8 @@ __all__ = ["select", "select_backend", "last_backend", "last_plan", "explain", "
 
 CONFIG_DIR = Path(os.environ.get("HUMMING_TRITON_CONFIG_DIR",
                                  Path(__file__).resolve().parents[1] / "autotune_configs"))
-_last: dict[str, tuple[str, Candidate | None]] = {}
-_choices: dict[tuple, tuple] = {}
+_last: dict[str, tuple] = {}
+_generation = [0]  # bumped by clear_caches: every QuantWeight's cached choice is then stale
 
 
 def triton_available() -> bool:
@@ -68,7 +68,7 @@ def measured_table(slug: str | None) -> dict:
 def clear_caches() -> None:
     """Forget loaded tables and cached choices (after a tuning run, or in tests that swap the table)."""
     measured_table.cache_clear()
-    _choices.clear()
+    _generation[0] += 1
 
 
 def _format_class(s: QuantScheme) -> tuple:
@@ -166,18 +166,26 @@ def _reasons(call: Call, name: str, more: tuple) -> tuple[str | None, str]:
 def select(op: str, x: torch.Tensor, qw: QuantWeight, backend: str = "auto", *more: QuantWeight
            ) -> tuple[backends.Backend, Candidate | None]:
     """The backend object and candidate that run this call.  ``more``: further weights of the same call
-    (fused MoE's down projection), checked like ``qw``."""
-    call = call_for(op, x, qw)
-    key = (call, backend, x.device.index, tuple(call_for(op, x, w) for w in more)) if more else \
-        (call, backend, x.device.index)
-    hit = _choices.get(key)
+    (fused MoE's down projection), checked like ``qw``.
+
+    The choice is cached on the QuantWeight per call signature (a few µs of host time per call otherwise);
+    ``clear_caches`` and a posed device (capability.pose_as) start afresh."""
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    from . import capability
+    key = (op, backend, x.dtype, rows, x.device, _generation[0], capability._override,
+           tuple(id(w) for w in more))
+    per = qw.cache.get("dispatch")
+    if per is None:
+        per = qw.cache["dispatch"] = {}
+    hit = per.get(key)
     if hit is None:
-        hit = _choices[key] = _decide(call, x, backend, tuple(call_for(op, x, w) for w in more))
-        if len(_choices) > 4096:
-            _choices.clear()
-    name, cand = hit
-    _last[op] = (name, cand)
-    return backends.get(name), cand
+        call = call_for(op, x, qw)
+        name, cand = _decide(call, x, backend, tuple(call_for(op, x, w) for w in more))
+        if len(per) >= 256:
+            per.clear()
+        hit = per[key] = (backends.get(name), cand)
+    _last[op] = hit
+    return hit
 
 
 def check_backend_name(backend: str) -> None:
@@ -244,7 +252,7 @@ def _warn_once(op: str, scheme: str, why: str) -> None:
 def last_backend(op: str = "quant_linear") -> str | None:
     """The backend the most recent call of ``op`` ran on (for demos and logs)."""
     got = _last.get(op)
-    return got[0] if got else None
+    return got[0].name if got else None
 
 
 def last_plan(op: str = "quant_linear") -> str | None:
@@ -252,5 +260,5 @@ def last_plan(op: str = "quant_linear") -> str | None:
     got = _last.get(op)
     if not got:
         return None
-    name, cand = got
-    return cand.describe() if cand is not None else name
+    b, cand = got
+    return cand.describe() if cand is not None else b.name

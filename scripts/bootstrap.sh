@@ -18,3 +18,13 @@ PYEOF
 [ -z "$missing" ] || pipi $missing
 # the package itself, editable, without letting pip touch torch/triton
 "$PY" -c "import humming_triton" 2>/dev/null || pipi --no-deps --no-build-isolation -e .
+# Optional, off by default (HT_BOOTSTRAP_TRITON_ALT=1): a second Triton -- 3.6.0, the H200's -- alone in
+# .venv-triton36 (no torch: compile_check's compile step needs only triton), so that
+# tests/test_compile_matrix.py also compiles every kernel variant with it.  Cost measured on the CPU machine:
+# ~10 s with pip's cache warm, 667 MB of disk; the test then takes ~4-7 more minutes on 2 cores.
+if [ "${HT_BOOTSTRAP_TRITON_ALT:-0}" = 1 ]; then
+  if ! .venv-triton36/bin/python -c "import triton" 2>/dev/null; then
+    "$PY" -m venv .venv-triton36
+    .venv-triton36/bin/python -m pip install -q --disable-pip-version-check "triton==3.6.0"
+  fi
+fi

@@ -119,8 +119,9 @@ def load_capability():
     return sys.modules["ht_capability"]
 
 
-# the tile loops' ACT_KIND -> activation element type (kernels/dense.py: act_kind); 0: 16-bit activations
-_ACT_KIND_DTYPE = {0: None, 6: None, 1: "e4m3fn", 5: "e4m3fn", 2: "int8", 3: "e2m1", 4: "e2m1"}
+# the tile loop's ACT_KIND on activation codes (x_ptr *u8) -> their element type (kernels/dense.py: act_kind);
+# 16-bit activations (ACT_KIND 0, or 6: the packed-int4 weight decode) are told apart by x_ptr's type instead
+_ACT_KIND_DTYPE = {1: "e4m3fn", 5: "e4m3fn", 2: "int8", 3: "e2m1", 4: "e2m1"}
 # kernel -> the constexpr that is the M side of its MMA (the wgmma check); swap-AB puts the weight's N there
 MMA_M_SIDE = {"dense_tiled_kernel": "BLOCK_M", "grouped_tiled_kernel": "BLOCK_M", "dense_swapab_kernel": "BLOCK_N"}
 
@@ -141,6 +142,12 @@ def job_mma(job: dict) -> str:
         # the e4m3 quantizer converts through Triton's fp8e4nv (sm_89+) and serves only fp8-MMA schemes
         return "fp8"
     return "fma"  # GEMVs, dequantize, int8 / e2m1 quantizers: CUDA cores only
+
+
+def wants_wgmma(job: dict) -> bool:
+    """A tensor-core variant with a >= 64-row MMA side: on sm_90 it should lower to wgmma."""
+    side = MMA_M_SIDE.get(job["kernel"])
+    return side is not None and job["constexprs"][side] >= 64 and job_mma(job) != "fma"
 
 
 def describe(job: dict) -> str:
@@ -223,11 +230,9 @@ def compile_matrix(jobs: list[dict], archs=ARCHS, workers: int = 1, verbose: boo
             wall = time.perf_counter() - t0
             failed = [(job, o) for job, o in zip(todo, outs) if not o["ok"]]
             # a >= 64-row MMA side on Hopper should be a wgmma (tests/test_compile_sm90.py asserts it per case)
-            no_wgmma = [job for job, o in zip(todo, outs) if arch == 90 and o["ok"] and job["kernel"] in MMA_M_SIDE
-                        and job["constexprs"][MMA_M_SIDE[job["kernel"]]] >= 64 and job_mma(job) != "fma"
-                        and not o["wgmma"]]
-            wg_checked = sum(1 for job in todo if arch == 90 and job["kernel"] in MMA_M_SIDE
-                             and job["constexprs"][MMA_M_SIDE[job["kernel"]]] >= 64 and job_mma(job) != "fma")
+            checked = [(job, o) for job, o in zip(todo, outs) if arch == 90 and o["ok"] and wants_wgmma(job)]
+            no_wgmma = [job for job, o in checked if not o["wgmma"]]
+            wg_checked = len(checked)
             summary = {"compiled": len(todo) - len(failed), "attempted": len(todo),
                        "not_applicable": {why: len(js) for why, js in skipped.items()},
                        "failures": [{"variant": describe(j), "constexprs": j["constexprs"], "error": o["error"]}

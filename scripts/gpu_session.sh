@@ -54,7 +54,8 @@ for step in $STEPS; do
       timeout -k 5 ${TUNE_S:-300} python3 -m humming_triton.tune --suite ${TUNE_SUITES:-headline,decode} \
         ${TUNE_ONLY:+--only "$TUNE_ONLY"} --jobs ${TUNE_JOBS:-12} > "$OUT/tune.txt" 2>&1
       cp autotune_configs/*.json "$OUT/" ;;
-    new)     gpu_tests ${NEW_S:-150} new tests/test_dispatch.py tests/test_dense_kernels.py -k "swapab or dispatch or torch_composed" ;;
+    new)     gpu_tests ${NEW_S:-150} new tests/test_dispatch.py tests/test_dense_kernels.py tests/test_grouped_kernels.py \
+               -k "swapab or dispatch or torch_composed or split" ;;
     dense)   gpu_tests ${DENSE_S:-200} dense tests/test_dense_kernels.py -k every_format_family ;;
     overhead) stamp overhead; timeout -k 5 120 python3 -m benchmarks.overhead > "$OUT/overhead.txt" 2>&1 ;;
     demo)    stamp demo; timeout -k 5 80 python3 -m humming_triton.demo --backend triton > "$OUT/demo.txt" 2>&1 ;;
@@ -67,11 +68,13 @@ for step in $STEPS; do
     bench)
       stamp bench
       timeout -k 5 ${BENCH_S:-260} python3 -m benchmarks --suite headline --out "$OUT/bench" --no-cold-start \
-        --peer-budget-s 60 > /dev/null 2> "$OUT/bench_stderr.txt" ;;
+        ${PEER_BUDGET_S:+--peer-budget-s $PEER_BUDGET_S} ${BENCH_COMPARE:+--compare "$BENCH_COMPARE"} > "$OUT/bench_log.txt" \
+        2> "$OUT/bench_stderr.txt" ;;
     decode)
       stamp decode
       timeout -k 5 ${DECODE_BENCH_S:-200} python3 -m benchmarks --suite decode --out "$OUT/decode" --no-cold-start \
-        --peer-budget-s 60 > /dev/null 2> "$OUT/decode_stderr.txt" ;;
+        ${PEER_BUDGET_S:+--peer-budget-s $PEER_BUDGET_S} ${DECODE_COMPARE:+--compare "$DECODE_COMPARE"} > "$OUT/decode_log.txt" \
+        2> "$OUT/decode_stderr.txt" ;;
     *) echo "unknown step $step" ;;
   esac
   pack

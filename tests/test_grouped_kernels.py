@@ -12,7 +12,7 @@ FORMATS = ["w4a16", "w4a16-asym", "w3a16", "w8a16", "mxfp4", "nvfp4", "w8a16-fp8
 ACT_FORMATS = ["w8a8-fp8", "w8a8-fp8-block", "w4a8-mxfp4", "w8a8-int8", "w4a8-int8", "w4a4-nvfp4", "w4a4-mxfp4"]
 
 
-def _case(scheme, counts, n, k, dtype, rng, device="cpu", block_m=None):
+def _case(scheme, counts, n, k, dtype, rng, device="cpu", block_m=None, config=None):
     """Quantized (and checked) on ``device``: on the GPU the CPU-side work would dominate the test."""
     e = len(counts)
     qw = ht.quantize_weight(torch.randn(e, n, k, generator=rng).to(device), scheme,
@@ -22,7 +22,7 @@ def _case(scheme, counts, n, k, dtype, rng, device="cpu", block_m=None):
     x = torch.randn(int(offsets[-1]), k, generator=rng).to(dtype).to(device)
     from humming_triton.kernels.grouped import triton_grouped_linear
     out = poison_like(torch.empty(x.shape[0], n, dtype=dtype, device=device))
-    y = triton_grouped_linear(x, qw, offsets.to(device), out=out, block_m=block_m)
+    y = triton_grouped_linear(x, qw, offsets.to(device), out=out, block_m=block_m, config=config)
     ref = ht.reference_grouped_linear(x, qw, offsets.to(device), out_dtype=torch.float32).double().cpu()
     w_hat = ht.dequantize_weight(qw).cpu()
     act = qw.scheme.act
@@ -44,6 +44,25 @@ def _case(scheme, counts, n, k, dtype, rng, device="cpu", block_m=None):
 def test_grouped_kernel_interpreted(scheme, rng):
     # uneven experts, one empty, one spanning several row tiles; odd N, K not a multiple of the K tile
     _case(scheme, [3, 0, 21, 1, 5], 37, 384, torch.float16, rng, block_m=16)
+
+
+SPLIT = [("w4a16", 3), ("mxfp4", 2), ("w8a8-fp8", 4), ("w3a16", 2)]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("scheme,split", SPLIT)
+def test_grouped_split_k_interpreted(scheme, split, rng):
+    """Decode-sized batches split K (one launch, partials reduced in split order: decode.store_output)."""
+    from humming_triton.calls import KernelConfig
+    _case(scheme, [2, 0, 5, 1], 40, 640, torch.float16, rng, config=KernelConfig("grouped", 16, 32, 128, split, 8, 4, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme,split", SPLIT)
+def test_grouped_split_k_on_gpu(scheme, split, rng):
+    from humming_triton.calls import KernelConfig
+    _case(scheme, [1, 0, 3, 1, 0, 2, 9, 1], 300, 2048, torch.bfloat16, rng, "cuda",
+          config=KernelConfig("grouped", 16, 64, 128, split, 8, 4, 3))
 
 
 @pytest.mark.interpret

@@ -87,6 +87,13 @@ class QuantWeight:
         self.shape = tuple(int(d) for d in self.shape)
         self.validate()
 
+    def __getstate__(self) -> dict:
+        """Pickling (torch.save, deepcopy) leaves the run-time cache behind: backend views, planned launches and
+        dispatch choices are remade on first use, never serialized."""
+        state = self.__dict__.copy()
+        state["cache"] = {}
+        return state
+
     # --- facts --------------------------------------------------------------------------------------------------
     @property
     def N(self) -> int:

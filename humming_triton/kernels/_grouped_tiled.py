@@ -14,10 +14,10 @@ from .decode import store_output
 
 @triton.jit
 def grouped_tiled_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr, offsets_ptr, tile_cum_ptr, xs_ptr, perm_ptr,
-    N, K, E, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_ze, stride_zn, stride_zk,
+    x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr, offsets_ptr, tile_cum_ptr, xs_ptr, perm_ptr, ws_ptr, cnt_ptr,
+    T, N, K, E, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_ze, stride_zn, stride_zk,
     stride_be, stride_ym, stride_xsm, stride_ge, stride_pe,
-    E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     POST_SCALE: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_GLOBAL: tl.constexpr, HAS_PERM: tl.constexpr, ACT_KIND: tl.constexpr, ACT_GROUP_K: tl.constexpr,
     BITS: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, ZERO_KIND: tl.constexpr,
@@ -40,15 +40,18 @@ def grouped_tiled_kernel(
     mask_m = offs_m < row_end
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     e64 = e.to(tl.int64)
+    k_tiles = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)  # SPLIT_K programs share a tile's K (decode: few rows)
+    t_begin = tl.program_id(2) * k_tiles
+    t_end = tl.minimum(t_begin + k_tiles, tl.cdiv(K, BLOCK_K))
     # ACT_KIND 0 (16-bit activations): xs_ptr is unused; otherwise x holds activation codes, xs their scales
     acc = tile_matmul(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm,
                       xs_ptr + offs_m[:, None].to(tl.int64) * stride_xsm, mask_m[:, None],
                       w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, z_ptr + e64 * stride_ze,
-                      perm_ptr + e64 * stride_pe, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, offs_n, 0,
-                      tl.cdiv(K, BLOCK_K), N, K, BLOCK_M, BLOCK_N, BLOCK_K, POST_SCALE, DOT_F32, EVEN_K, HAS_PERM,
+                      perm_ptr + e64 * stride_pe, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, offs_n,
+                      t_begin, t_end, N, K, BLOCK_M, BLOCK_N, BLOCK_K, POST_SCALE, DOT_F32, EVEN_K, HAS_PERM,
                       ACT_KIND, ACT_GROUP_K, BITS, GROUP_K, GROUP_N,
                       ZERO_KIND, W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT,
                       S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
-    store_output(acc, y_ptr, b_ptr + e64 * stride_be, g_ptr + e64 * stride_ge, y_ptr, offsets_ptr, 0, 0, 0, offs_m,
-                 offs_n, mask_m, N,
-                 stride_ym, 1, HAS_BIAS, HAS_GLOBAL)
+    store_output(acc, y_ptr, b_ptr + e64 * stride_be, g_ptr + e64 * stride_ge, ws_ptr, cnt_ptr,
+                 tile * tl.num_programs(1) + tl.program_id(1), tl.program_id(2), T, offs_m, offs_n, mask_m, N,
+                 stride_ym, SPLIT_K, HAS_BIAS, HAS_GLOBAL)

@@ -9,7 +9,7 @@ from ..calls import KernelConfig, interpreting
 from ..formats.weight import QuantWeight
 from . import configs
 from ._grouped_tiled import grouped_tiled_kernel
-from .dense import (PER_TOKEN, _format, _launch_format, act_block_k, act_kind, check_act_group,
+from .dense import (PER_TOKEN, _format, _launch_format, act_block_k, act_kind, check_act_group, split_buffers,
                     triton_quantize_activation)
 from .families import packed_int4
 from .launch import post_scale
@@ -79,12 +79,14 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
     if qw.k_perm is not None:
         perm = qw.k_perm.contiguous()
         stride_pe = perm.stride(0) if perm.dim() == 2 else 0
-    grid = (triton.cdiv(t, bm) + e, triton.cdiv(n, block_n))
+    split = config.split_k if config is not None else 1
+    grid = (triton.cdiv(t, bm) + e, triton.cdiv(n, block_n), split)
+    ws, cnt = split_buffers(split, t, n, grid[0] * grid[1], x.device)
     grouped_tiled_kernel[grid](
-        x, qw.data, qw.scales, zeros, gscale, b, y, offsets, tile_cum, xs, perm, n, k, e, x.stride(0),
+        x, qw.data, qw.scales, zeros, gscale, b, y, offsets, tile_cum, xs, perm, ws, cnt, t, n, k, e, x.stride(0),
         qw.data.stride(0), qw.data.stride(1), qw.scales.stride(0), qw.scales.stride(1), qw.scales.stride(2),
         zeros.stride(0), zeros.stride(1), zeros.stride(2), b.stride(0) if bias is not None else 0, y.stride(0),
-        stride_xsm, stride_ge, stride_pe, E_POW2=triton.next_power_of_2(e), BLOCK_M=bm, BLOCK_N=block_n,
+        stride_xsm, stride_ge, stride_pe, E_POW2=triton.next_power_of_2(e), BLOCK_M=bm, BLOCK_N=block_n, SPLIT_K=split,
         BLOCK_K=bk, POST_SCALE=post, DOT_F32=interpreting() or x.dtype == torch.float32, EVEN_K=k % bk == 0,
         HAS_BIAS=bias is not None, HAS_PERM=qw.k_perm is not None, ACT_KIND=kind, ACT_GROUP_K=act_group, num_warps=num_warps,
         num_stages=num_stages, **{**fmt, "HAS_GLOBAL": has_global})

@@ -77,12 +77,12 @@ def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: st
     if fmt["GROUP_K"] >= k:
         fmt["GROUP_K"] = max(k, block_k)
     post = post_scale(fmt, block_k)
-    consts = dict(E_POW2=triton.next_power_of_2(experts), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+    consts = dict(E_POW2=triton.next_power_of_2(experts), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=1,
                   POST_SCALE=post, DOT_F32=False, EVEN_K=k % block_k == 0, HAS_BIAS=False, HAS_PERM=act_order,
                   ACT_KIND=kind,
                   ACT_GROUP_K=(s.act.group_k or 1 << 30) if s.act is not None else 1,
                   **{**fmt, "HAS_GLOBAL": fmt["HAS_GLOBAL"] or (s.act is not None and s.act.global_scale)})
-    ptrs = {**_pointer_types(s, act, 1), "offsets_ptr": "*i64", "tile_cum_ptr": "*i32",
+    ptrs = {**_pointer_types(s, act, 1), "offsets_ptr": "*i64", "tile_cum_ptr": "*i32", "cnt_ptr": "*i32",
             "xs_ptr": "*u8" if kind in (3, 4) else "*fp32", "perm_ptr": "*i64"}
     if s.act is not None:
         ptrs["x_ptr"] = "*u8"
