@@ -153,14 +153,19 @@ def _warm(cases: list[Case]) -> int:
     """Run every candidate of these cases once (worker process): compiles them into Triton's on-disk cache."""
     n = 0
     for case in cases:
-        inp = _Inputs(case)
-        for cand in candidates(inp.call):
-            try:
-                inp.runner(cand)()
-                n += 1
-            except Exception:  # noqa: BLE001 -- the timing pass records the failure
-                pass
-        torch.cuda.synchronize()
+        try:
+            inp = _Inputs(case)
+            for cand in candidates(inp.call):
+                try:
+                    inp.runner(cand)()
+                    n += 1
+                except Exception:  # noqa: BLE001 -- the timing pass records the failure
+                    pass
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001 -- e.g. out of memory beside the other workers: compiled later instead
+            pass
+        inp = None
+        torch.cuda.empty_cache()  # one case's memory at a time: N workers share the GPU
     return n
 
 

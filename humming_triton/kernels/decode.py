@@ -224,9 +224,10 @@ def store_output(acc, y_ptr, b_ptr, g_ptr, ws_ptr, cnt_ptr, tile, split, M, offs
             acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
     else:
-        plane = M.to(tl.int64) * N
+        split64 = split.to(tl.int64)
+        plane = (split64 * 0 + M) * N  # int64 even where Triton made M or N a constexpr (== 1)
         ws = ws_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-        tl.store(ws + split * plane, acc, mask=mask)
+        tl.store(ws + split64 * plane, acc, mask=mask)
         tl.debug_barrier()  # every thread's partial is written before the release below
         done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
         if done == SPLIT_K - 1:
