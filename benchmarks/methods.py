@@ -210,9 +210,8 @@ def make_ours(sc: SchemeCtx, mi: MInputs, backend: str) -> Prepared:
             raise Skip(f"no Triton kernel: {why}")
     qw = sc.qw()
     x = mi.x
-    if sc.shape.moe:
-        be = "triton" if backend == "auto" else backend
-        fn = lambda: ht.grouped_linear(x, qw, mi.offsets, backend=be)  # noqa: E731
+    if sc.shape.moe:  # auto: the measured table's choice (Triton grouped GEMM or dequantize + grouped_mm)
+        fn = lambda: ht.grouped_linear(x, qw, mi.offsets, backend=backend)  # noqa: E731
     else:
         fn = lambda: ht.quant_linear(x, qw, backend=backend)  # noqa: E731
 
