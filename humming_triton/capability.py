@@ -38,8 +38,8 @@ class DeviceFacts:
 
 
 def slug_of(name: str) -> str:
-    """Config-file slug of a device name: "NVIDIA H200" -> "h200" (the rule of kernels/dense.py's _device_facts,
-    which names the existing autotune_configs files)."""
+    """Config-file slug of a device name: "NVIDIA H200" -> "h200" (the rule that named the existing
+    autotune_configs files: lower case, "nvidia" dropped, spaces and dashes to underscores)."""
     return name.lower().replace("nvidia", "").strip().replace(" ", "_").replace("-", "_")
 
 
@@ -56,31 +56,36 @@ class Capability:
 
 
 KIB = 1024
-# Rows only where something changes.  TMA: the brief's "wgmma and TMA on 9.0 only" is true of wgmma, but the
-# bulk-tensor copies exist on every SM from 9.0 (Triton lowers tensor descriptors to TMA on 9.0, 10.0 and 12.0),
-# so tma is True from 9.0 on.
+# Rows only where something changes.  TMA is not Hopper-only like wgmma: the bulk-tensor copies exist on every
+# SM from 9.0 on (Triton runs its TMA lowering for every capability major >= 9), so tma stays True on 10.0 / 12.0.
+_FLAGS = ("fp16_mma", "bf16_mma", "fp8_mma", "int8_mma", "wgmma", "block_scaled_mma", "tma")
+
+
+def _has(flags: str, notes: str) -> Capability:
+    """A row from the names of the flags it has (the others are False)."""
+    on = set(flags.split())
+    assert on <= set(_FLAGS), on - set(_FLAGS)
+    return Capability(**{f: f in on for f in _FLAGS}, notes=notes)
+
+
 TABLE: dict[tuple[int, int], Capability] = {
-    (7, 5): Capability(True, False, False, True, False, False, False,
-                       "Turing: mma.sync fp16 and int8/int4 only; no bf16 MMA (Triton has no bf16 dot below sm_80)"),
-    (8, 0): Capability(True, True, False, True, False, False, False,
-                       "Ampere A100: mma.sync fp16/bf16/tf32/int8, cp.async; no fp8"),
-    (8, 6): Capability(True, True, False, True, False, False, False,
-                       "Ampere GA10x: as 8.0 with 99 KiB of shared memory per block"),
-    (8, 9): Capability(True, True, True, True, False, False, False,
-                       "Ada: adds mma.sync e4m3/e5m2 (fp8); no wgmma, no TMA"),
-    (9, 0): Capability(True, True, True, True, True, False, True,
-                       "Hopper (sm_90a): wgmma fp16/bf16/fp8/int8 and TMA; Triton targets sm_90a itself"),
-    (10, 0): Capability(True, True, True, False, False, True, True,
-                        "datacenter Blackwell (sm_100a): tcgen05 MMA with TMEM accumulators, block-scaled MX/NV "
-                        "MMA; no wgmma.  Its new tensor-core instructions are treated as having no fast int8 path "
-                        "(Humming: B300 drops fast INT8), so W8A8-INT8 routes away"),
-    (12, 0): Capability(True, True, True, True, False, True, True,
-                        "GeForce Blackwell (sm_120a): mma.sync incl. block-scaled MX/NV fp4/fp6/fp8 and int8; "
-                        "no tcgen05, no wgmma; ~99 KiB of shared memory per block"),
+    (7, 5): _has("fp16_mma int8_mma",
+                 "Turing: mma.sync fp16 and int8/int4 only; no bf16 MMA (Triton has no bf16 dot below sm_80)"),
+    (8, 0): _has("fp16_mma bf16_mma int8_mma", "Ampere A100: mma.sync fp16/bf16/tf32/int8, cp.async; no fp8"),
+    (8, 6): _has("fp16_mma bf16_mma int8_mma", "Ampere GA10x: as 8.0 with 99 KiB of shared memory per block"),
+    (8, 9): _has("fp16_mma bf16_mma fp8_mma int8_mma", "Ada: adds mma.sync e4m3/e5m2 (fp8); no wgmma, no TMA"),
+    (9, 0): _has("fp16_mma bf16_mma fp8_mma int8_mma wgmma tma",
+                 "Hopper (sm_90a): wgmma fp16/bf16/fp8/int8 and TMA; Triton targets sm_90a itself"),
+    (10, 0): _has("fp16_mma bf16_mma fp8_mma block_scaled_mma tma",
+                  "datacenter Blackwell (sm_100a): tcgen05 MMA with TMEM accumulators, block-scaled MX/NV MMA; no "
+                  "wgmma.  Its new tensor-core instructions are treated as having no fast int8 path (Humming: "
+                  "B300 drops fast INT8), so W8A8-INT8 routes away"),
+    (12, 0): _has("fp16_mma bf16_mma fp8_mma int8_mma block_scaled_mma tma",
+                  "GeForce Blackwell (sm_120a): mma.sync incl. block-scaled MX/NV fp4/fp6/fp8 and int8; no "
+                  "tcgen05, no wgmma; ~99 KiB of shared memory per block"),
 }
 # Below the lowest row (Volta, Pascal, ...): no tensor-core path is assumed.
-NO_TENSOR_CORES = Capability(False, False, False, False, False, False, False,
-                             "below SM 7.5 (the table's lowest row): no tensor-core paths assumed")
+NO_TENSOR_CORES = _has("", "below SM 7.5 (the table's lowest row): no tensor-core paths assumed")
 
 # A representative GPU per row: (name, SMs, opt-in shared memory per block).  Only config heuristics read the
 # numbers, so "plausible" is enough.

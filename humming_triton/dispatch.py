@@ -8,8 +8,9 @@ How ``backend="auto"`` decides, in order:
    two) list every candidate timed there (backend x family x config), fastest first.  ``auto`` takes the
    fastest candidate that can run this call.  Without an exact key the *nearest* entry of the same op and M
    bucket is used: same scheme first, then a scheme of the same format class (bit width, float/int codes,
-   zero-point kind, activation type), then any scheme -- nearest shape by |log2 N/N'| + |log2 K/K'| (and
-   experts) -- so on a tuned device ``auto`` only ever runs (family, config) pairs that were timed there.
+   zero-point kind, activation type), then any scheme with the same activation type -- nearest shape by
+   |log2 N/N'| + |log2 K/K'| (and experts) -- so on a tuned device ``auto`` runs (family, config) pairs that
+   were timed there.
 3. No table entry for the op and M bucket (or none whose candidates can run the call; an untuned GPU, the
    interpreter): the Triton backend's
    built-in heuristic (``kernels/configs.py``; its large-M regime is dequantize + cuBLAS), else -- where this
@@ -100,9 +101,12 @@ def table_entry(call: Call, table: dict) -> tuple[str, dict] | None:
             rank = 0
         else:
             try:
-                rank = 1 if _format_class(QuantScheme.parse(scheme)) == cls else 2
+                other = _format_class(QuantScheme.parse(scheme))
             except ValueError:
                 continue
+            if other[3] != cls[3]:  # another activation type: its timings say nothing about this call
+                continue
+            rank = 1 if other == cls else 2
         dist = sum(abs(math.log2(a / b)) for a, b in zip(want, dims))
         if best is None or (rank, dist) < best[0]:
             best = ((rank, dist), key, entry)

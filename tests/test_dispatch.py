@@ -1,5 +1,6 @@
 """The execution layer: backend and kernel-family registries, the measured table and its nearest-entry rule, and
 the capability table posed as every SM (CPU; the Triton paths run under the interpreter)."""
+import dataclasses
 import json
 
 import pytest
@@ -136,7 +137,10 @@ def test_nearest_entry_rule(rng, table):
         assert dispatch.last_plan() == swap.describe()  # M bucket 16
         qa = ht.quantize_weight(torch.randn(64, 256, generator=rng), "w8a16")  # no entry of its class in m4
         ht.quant_linear(x, qa)
-        assert dispatch.last_plan() in (tiled.describe(), swap.describe())  # any measured scheme, nearest shape
+        assert dispatch.last_plan() in (tiled.describe(), swap.describe())  # any 16-bit-activation scheme
+        fp8 = ht.quantize_weight(torch.randn(64, 256, generator=rng), "w8a8-fp8")  # no fp8-activation entry
+        ht.quant_linear(x, fp8)
+        assert dispatch.last_plan().startswith("triton/act_tiled")  # the heuristic, not a w4a16 timing
         assert "measured entry quant_linear|w4a16|8192x8192|m4" in dispatch.explain("quant_linear", x, qw)
 
 
@@ -160,7 +164,8 @@ SMS = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]
 def test_capability_routes_each_sm(sm, rng):
     x16 = torch.randn(16, 256, generator=rng).to(torch.bfloat16)
     qw = _w4(rng, 32, 256)
-    with capability.pose_as(sm):
+    # a device with no measured table (slug None): the capability table and the heuristic alone decide
+    with capability.pose_as(dataclasses.replace(capability.facts_for_sm(sm), slug=None)):
         dispatch.clear_caches()
         ht.quant_linear(x16, qw)
         fam = dispatch.last_plan().split()[0]
