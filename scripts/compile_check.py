@@ -164,12 +164,19 @@ def _init_worker() -> None:
 
 
 def first_line(e: Exception) -> str:
-    """One line saying what went wrong.  Triton's CompilationError starts "at L:C:" and then quotes the
-    kernel's source; its message is the last line."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [""]
-    if lines[0].startswith("at ") and len(lines) > 1:
-        return f"{type(e).__name__} {lines[0]} {lines[-1]}"[:300]
-    return f"{type(e).__name__}: {lines[0]}"[:300]
+    """One line saying what went wrong.  Triton's CompilationError reads "at L:C:", the quoted kernel source, then
+    its message -- which a CompilationError raised inside a called @jit function carries on its cause instead."""
+    where, msg, x = None, None, e
+    while x is not None:
+        lines = [ln.strip() for ln in str(x).splitlines() if ln.strip()] or [""]
+        if where is None and lines[0].startswith("at "):
+            where = lines[0]
+        if getattr(x, "error_message", None):
+            msg = str(x.error_message).strip().splitlines()[0]  # the innermost one wins
+        elif not lines[0].startswith("at "):
+            msg = msg or f"{type(x).__name__}: {lines[0]}"
+        x = x.__cause__ or x.__context__
+    return f"{type(e).__name__} {where or ''} {msg or ''}".replace("  ", " ").strip()[:300]
 
 
 def compile_one(job: dict, arch: int) -> dict:
@@ -181,6 +188,10 @@ def compile_one(job: dict, arch: int) -> dict:
         _init_worker()
     kern = getattr(importlib.import_module(f"htk.{job['module']}"), job["kernel"])
     names = kern.arg_names
+    stale = [a for a in names if a not in job["signature"]]
+    if stale:  # the kernel changed since the dump: its new arguments would surface as a cryptic compile error
+        return {"ok": False, "seconds": 0.0, "trace": "",
+                "error": f"the jobs file is stale: {job['kernel']} now takes {', '.join(stale)}; run dump again"}
     src = ASTSource(fn=kern, signature=job["signature"],
                     constexprs={(names.index(a),): v for a, v in job["constexprs"].items()},
                     attrs={(names.index(a),): [["tt.divisibility", 16]] for a in job["divisible"]})
@@ -247,7 +258,10 @@ def compile_matrix(jobs: list[dict], archs=ARCHS, workers: int = 1, verbose: boo
             for why, js in skipped.items():
                 kinds = collections.Counter(j["kernel"] for j in js)
                 log(f"  not applicable ({len(js)}): {why} -- " + ", ".join(f"{k} x{n}" for k, n in kinds.items()))
-            for job, o in failed:
+            for i, (job, o) in enumerate(failed):
+                if i == 20 and not verbose:  # all of them are in the --json file
+                    log(f"  ... and {len(failed) - 20} more failures")
+                    break
                 log(f"  FAILED {describe(job)}: {o['error']}")
                 if verbose:
                     log(f"    constexprs {json.dumps(job['constexprs'])}\n{o['trace']}")
