@@ -8,9 +8,7 @@ here: the registry imports every module of this package on first use.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
+from .._plugins import import_all
 from ..calls import Call, Candidate
 
 __all__ = ["Backend", "register", "get", "names", "registered"]
@@ -56,16 +54,8 @@ def register(backend: Backend) -> Backend:
     return backend
 
 
-_loaded = False
-
-
 def _load() -> None:
-    """Import every module of this package once (each registers itself)."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for mod in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{mod.name}")
+    import_all(__name__)
 
 
 def registered() -> dict[str, Backend]:

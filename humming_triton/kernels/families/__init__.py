@@ -7,9 +7,7 @@ and the tests iterate ``registered()``; a new family is a new module in this fol
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
+from ..._plugins import import_all
 from ...calls import Call, KernelConfig
 from ..launch import LaunchSpec
 
@@ -54,16 +52,8 @@ def register(family: Family) -> Family:
     return family
 
 
-_loaded = False
-
-
 def _load() -> None:
-    """Import every module of this package once (each registers itself)."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for mod in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{mod.name}")
+    import_all(__name__)
 
 
 def get(name: str) -> Family:
