@@ -83,13 +83,8 @@ def _dispatch_table() -> tuple[dict, str]:
     import torch
     try:
         import humming_triton.dispatch as ht_dispatch
-        from humming_triton.kernels.dense import _device_facts
-        slug = _device_facts(torch.cuda.current_device())[0]
-        if hasattr(ht_dispatch, "table_path"):  # the dispatcher's own lookup, where it has one
-            path = str(ht_dispatch.table_path(slug))
-        else:
-            from humming_triton.kernels.configs import CONFIG_DIR
-            path = os.path.join(str(CONFIG_DIR), f"{slug}.json")
+        from humming_triton.capability import device_facts
+        path = str(ht_dispatch.table_path(device_facts(torch.device("cuda")).slug))
     except Exception:  # noqa: BLE001 -- the report goes on without the section
         return {}, ""
     try:

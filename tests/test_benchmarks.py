@@ -255,3 +255,13 @@ def test_floor_bytes_and_kernel():
         for v in chunk.tolist():
             want ^= v
         assert int(out[p]) == want
+
+
+def test_report_reads_the_dispatchers_table():
+    """The GPU report's "Dispatch table" section reads the file dispatch reads (posed as the H200: no CUDA)."""
+    from benchmarks.__main__ import _dispatch_table
+    from humming_triton import capability, dispatch
+    with capability.pose_as((9, 0)):
+        table, source = _dispatch_table()
+    assert source == os.path.relpath(str(dispatch.table_path("h200")), REPO)
+    assert table and all(entry["candidates"] for entry in table.values())
