@@ -232,8 +232,12 @@ def store_output(acc, y_ptr, b_ptr, g_ptr, ws_ptr, cnt_ptr, tile, split, M, offs
         done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
         if done == SPLIT_K - 1:
             total = tl.load(ws, mask=mask, other=0.0, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT_K):
-                total += tl.load(ws + s * plane, mask=mask, other=0.0, cache_modifier=".cg")
+            if acc.numel * SPLIT_K <= 32768:  # decode tiles: unrolled, every partial's load in flight at once
+                for s in tl.static_range(1, SPLIT_K):
+                    total += tl.load(ws + s * plane, mask=mask, other=0.0, cache_modifier=".cg")
+            else:  # large tiles: one partial in registers at a time (unrolled, 128x128x4 spilled)
+                for s in range(1, SPLIT_K):
+                    total += tl.load(ws + s * plane, mask=mask, other=0.0, cache_modifier=".cg")
             if HAS_BIAS:
                 total += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
             tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=mask)
