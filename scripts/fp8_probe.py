@@ -52,12 +52,12 @@ def worst(scheme, m, n, k, cfg, opts):
 def main():
     variants = {
         "default": (None, {}),
-        "bm16": (DenseConfig("tiled", 16, 64, 128, 1, 8, 4, 3), {}),
-        "bm64": (DenseConfig("tiled", 64, 64, 128, 1, 8, 4, 3), {}),
-        "bm64-acc32": (DenseConfig("tiled", 64, 64, 128, 1, 8, 4, 3), {"max_num_imprecise_acc_default": 32}),
-        "bm64-bk32": (DenseConfig("tiled", 64, 64, 32, 1, 8, 4, 3), {}),
-        "bm64-stages1": (DenseConfig("tiled", 64, 64, 128, 1, 8, 4, 1), {}),
-        "bm128-acc32": (DenseConfig("tiled", 128, 128, 128, 1, 8, 8, 3), {"max_num_imprecise_acc_default": 32}),
+        "bm16": (DenseConfig("act_tiled", 16, 64, 128, 1, 8, 4, 3), {}),
+        "bm64": (DenseConfig("act_tiled", 64, 64, 128, 1, 8, 4, 3), {}),
+        "bm64-acc32": (DenseConfig("act_tiled", 64, 64, 128, 1, 8, 4, 3), {"max_num_imprecise_acc_default": 32}),
+        "bm64-bk32": (DenseConfig("act_tiled", 64, 64, 32, 1, 8, 4, 3), {}),
+        "bm64-stages1": (DenseConfig("act_tiled", 64, 64, 128, 1, 8, 4, 1), {}),
+        "bm128-acc32": (DenseConfig("act_tiled", 128, 128, 128, 1, 8, 8, 3), {"max_num_imprecise_acc_default": 32}),
     }
     cases = [("w8a8-fp8", 33, 1000, 2048), ("w8a8-fp8", 512, 768, 1024), ("w8a8-fp8-block", 512, 768, 1024),
              ("w4a8-mxfp4", 512, 768, 1024), ("w4a8-fp8", 512, 768, 1024)]
