@@ -13,7 +13,7 @@ from collections import defaultdict
 
 from .cases import ACT_FP8_SCHEMES
 
-__all__ = ["add_peer_ratios", "write_json", "write_markdown", "write_plots", "dispatch_section"]
+__all__ = ["add_peer_ratios", "write_json", "write_markdown", "write_plots", "dispatch_section", "method_names"]
 
 OURS = "humming_triton"
 PEER_COLS = {"dense": ("cublas", "torch_scaled_mm", "humming", "gemlite"),
@@ -23,6 +23,16 @@ NAMES = {"humming_triton": "ours", "cublas": "cuBLAS bf16", "torch_scaled_mm": "
          "torch_grouped_mm": "grouped_mm bf16", "humming": "Humming", "gemlite": "gemlite"}
 COLORS = {"humming_triton": "tab:red", "cublas": "tab:gray", "torch_scaled_mm": "tab:purple",
           "torch_grouped_mm": "tab:gray", "humming": "tab:blue", "gemlite": "tab:green"}
+
+
+def method_names(records: list[dict]) -> dict[str, str]:
+    """method -> the label its rows carry (what ran: e.g. torch's CPU matmul for "cublas" in the smoke mode),
+    else NAMES (results files written before rows had labels)."""
+    names = dict(NAMES)
+    for r in records:
+        if r.get("label"):
+            names[r["method"]] = r["label"]
+    return names
 
 
 def _case_key(r: dict) -> tuple:
@@ -83,7 +93,8 @@ def _table(kind: str, records: list[dict]) -> list[str]:
     cols = PEER_COLS[kind]
     lines = []
     dense = kind == "dense"
-    head = (["scheme", "shape", "M", "**ours µs**"] + [NAMES[c] for c in cols]
+    names = method_names(rows)
+    head = (["scheme", "shape", "M", "**ours µs**"] + [names[c] for c in cols]
             + ["TFLOP/s", "GB/s", "% HBM"] + (["floor µs", "% floor"] if dense else [])
             + ["% TC", "rel err", "vs best peer", "path"])
     lines.append("| " + " | ".join(head) + " |")
@@ -218,6 +229,7 @@ def write_plots(out_dir: str, records: list[dict]) -> list[str]:
     written = []
     for kind in ("dense", "moe"):
         rows = [r for r in records if r["kind"] == kind]
+        names = method_names(rows)
         panels = list(dict.fromkeys((r["scheme"], r["N"], r["K"]) for r in rows if r["scheme"] != "bf16"))
         if not panels:
             continue
@@ -233,7 +245,7 @@ def write_plots(out_dir: str, records: list[dict]) -> list[str]:
                 pts = sorted((r["M"], r["us"]) for r in same if r["method"] == method and r["M"] in ms_of_panel)
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=COLORS.get(method),
-                            lw=2.5 if method == OURS else 1.2, label=NAMES.get(method, method))
+                            lw=2.5 if method == OURS else 1.2, label=names.get(method, method))
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             gemm = next((r.get("gemm") for r in rows if r["N"] == n and r["K"] == k and r.get("gemm")), "")

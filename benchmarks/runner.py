@@ -35,6 +35,16 @@ def _base_record(case, method: str, scheme: str) -> dict:
     return r
 
 
+def method_label(method: str, cpu: bool, dtype: torch.dtype) -> str:
+    """What a row's method ran, for tables and plots.  On CPU (``--interpret``) the "cublas" baseline is torch's
+    CPU matmul: the method key stays "cublas" (the results schema), the label says what it is (issue 18)."""
+    from .report import NAMES
+    if cpu and method == "cublas":
+        short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+        return f"torch CPU matmul ({short.get(dtype, str(dtype).removeprefix('torch.'))})"
+    return NAMES.get(method, method)
+
+
 def _sync(cpu: bool) -> None:
     if not cpu:
         torch.cuda.synchronize()
@@ -160,6 +170,7 @@ def run_cases(cases: list, *, suite: str, selected: set, device: str, our_backen
                         method, scheme)
                     rec = run_one(case, method, make, cpu=cpu, budget=budget, ceilings=ceilings,
                                   scheme_label=label)
+                    rec["label"] = method_label(method, cpu, W.dtype)
                     done.add(({"cublas": "cublas", "torch_scaled_mm": "scaled",
                                "torch_grouped_mm": "grouped"}.get(method, method), key))
                     records.append(rec)
@@ -183,4 +194,4 @@ def cases_filter(cases: list, only: str | None, schemes: list | None) -> list:
     return cases
 
 
-__all__ = ["ALL_METHODS", "run_cases", "run_one", "cases_filter", "DenseCase", "MoECase"]
+__all__ = ["ALL_METHODS", "run_cases", "run_one", "cases_filter", "method_label", "DenseCase", "MoECase"]

@@ -148,6 +148,20 @@ def model_demo(runs, device: torch.device, new_tokens: int, backend: str = "auto
                    "greedy tokens = bf16", "backends", "s"], rows) + "\n" + note
 
 
+def backend_problem(backend: str, device: torch.device) -> str | None:
+    """None when ``backend`` can run every layer preset on ``device``, else dispatch's sentence saying why not.
+    Why up front: the same question asked on a tiny weight before any work, so an impossible ``--backend`` (triton
+    on a CPU machine) is one line and a non-zero exit instead of a traceback from deep inside part 1."""
+    x = torch.zeros(1, 128, dtype=torch.bfloat16, device=device)
+    w = torch.zeros(128, 128, dtype=torch.bfloat16, device=device)
+    for preset in LAYER_PRESETS:
+        try:
+            ht.select_backend("quant_linear", x, ht.quantize_weight(w, preset), backend)
+        except (RuntimeError, ValueError) as e:
+            return str(e)
+    return None
+
+
 @contextlib.contextmanager
 def _cpu_threads(n: int | None):
     """Tiny models on CPU are per-op overhead, not FLOPs: extra intra-op threads only spin-wait, and on a busy
@@ -171,6 +185,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     size = args.size or (1024 if args.quick else 4096)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("humming_triton.demo: --device cuda but torch sees no CUDA GPU here", file=sys.stderr)
+        return 2
+    why = backend_problem(args.backend, device)
+    if why:
+        print(f"humming_triton.demo: --backend {args.backend} cannot run on {device}: {why}", file=sys.stderr)
+        return 2
     t_start = time.perf_counter()
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     print(f"humming_triton {ht.__version__} demo on {device}{gpu}; torch {torch.__version__}; "

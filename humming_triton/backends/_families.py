@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..calls import Call, Candidate
+from ..calls import Call, Candidate, KernelConfig
 from . import Backend
 
 
@@ -26,6 +26,13 @@ def family_reason(fam, call: Call) -> str | None:
         from ..capability import mma_reason
         why = mma_reason(fam.mma(call), call.facts)
     return why
+
+
+def config_of(cand: Candidate | None) -> KernelConfig | None:
+    """The config a candidate runs: its own, or its family's defaults (never the heuristic's other family)."""
+    if cand is None:
+        return None
+    return cand.config if cand.config is not None else KernelConfig(cand.family)
 
 
 class FamilyBackend(Backend):
@@ -51,7 +58,7 @@ class FamilyBackend(Backend):
     def quant_linear(self, x, qw, bias, out_dtype, cand):
         from ..kernels.dense import triton_linear
         x, qw = stored_k_order(x, qw)
-        return triton_linear(x, qw, bias, out_dtype, config=cand.config if cand else None)
+        return triton_linear(x, qw, bias, out_dtype, config=config_of(cand))
 
     @staticmethod
     def family(cand: Candidate):

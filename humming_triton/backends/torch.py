@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..calls import Call, Candidate, interpreting
 from . import register
-from ._families import FamilyBackend
+from ._families import FamilyBackend, config_of
 
 
 class TorchBackend(FamilyBackend):
@@ -29,7 +29,7 @@ class TorchBackend(FamilyBackend):
 
     def grouped_linear(self, x, qw, offsets, bias, out_dtype, cand):
         cand = cand or self.candidates(_call(x, qw, "grouped_linear"))[0]
-        return self.family(cand).run(x, offsets, qw, bias, out_dtype, cand.config, None)
+        return self.family(cand).run(x, offsets, qw, bias, out_dtype, config_of(cand), None)
 
 
 def _call(x, qw, op: str = "quant_linear") -> Call:

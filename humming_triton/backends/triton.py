@@ -6,7 +6,7 @@ import functools
 
 from ..calls import Call, Candidate, interpreting
 from . import register
-from ._families import FamilyBackend, family_reason
+from ._families import FamilyBackend, config_of, family_reason
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,7 +54,7 @@ class TritonBackend(FamilyBackend):
 
     def grouped_linear(self, x, qw, offsets, bias, out_dtype, cand):
         from ..kernels.grouped import triton_grouped_linear
-        return triton_grouped_linear(x, qw, offsets, bias, out_dtype, config=cand.config if cand else None)
+        return triton_grouped_linear(x, qw, offsets, bias, out_dtype, config=config_of(cand))
 
     def fused_moe(self, hidden, w13, w2, topk_weights, topk_ids, activation, cand):
         from ..kernels.moe import triton_fused_moe

@@ -15,6 +15,8 @@ import glob
 import json
 import os
 import re
+import warnings
+from collections import Counter
 
 import torch
 from torch import nn
@@ -35,7 +37,26 @@ _ROLES = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate
 _EXPERT_RE = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)$")
 
 
+def _check_dir(model_dir) -> str:
+    """``model_dir`` as a str, or FileNotFoundError naming it.  Why here: Hugging Face's ``from_pretrained``
+    takes a string that is not a directory for a hub repo id and answers a missing local path with "Repo id must
+    be in the form 'repo_name' or 'namespace/repo_name'" (issue 18); we read local directories only."""
+    model_dir = os.fspath(model_dir)
+    if os.path.isdir(model_dir):
+        return model_dir
+    if os.path.exists(model_dir):
+        raise NotADirectoryError(f"{model_dir} is a file; a checkpoint directory (config.json + *.safetensors) "
+                                 "was expected")
+    # what looks like a path (absolute, ./ or ../, or with a separator) is a missing directory; anything else
+    # reads like a hub repo id, which we do not download
+    if os.path.isabs(model_dir) or model_dir.startswith(".") or os.sep in model_dir:
+        raise FileNotFoundError(f"checkpoint directory {model_dir} does not exist")
+    raise FileNotFoundError(f"{model_dir} is not a local directory; humming_triton reads local checkpoint "
+                            "directories only (download a hub repo first, e.g. huggingface_hub.snapshot_download)")
+
+
 def quantization_config(model_dir: str) -> dict:
+    model_dir = _check_dir(model_dir)
     cfg_path = os.path.join(model_dir, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"{model_dir} has no config.json")
@@ -71,6 +92,7 @@ def read_quantized_tensors(model_dir: str, hints: dict | None = None) -> dict[st
 
     ``hints`` maps module names to their ``(out_features, in_features)`` for formats whose tensors do not
     carry the logical shape (HQQ without a ``shape`` tensor)."""
+    model_dir = _check_dir(model_dir)
     q = quantization_config(model_dir)
     method = str(q.get("quant_method", "")).lower()
     if method not in IMPORTERS:
@@ -138,10 +160,19 @@ def _resolve(model: nn.Module, name: str) -> str:
 
 
 def load_quantized(model_dir: str, dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> nn.Module:
-    """The Hugging Face causal LM of ``model_dir`` with its quantized layers as ``QuantLinear`` / ``QuantMoE``."""
+    """The Hugging Face causal LM of ``model_dir`` with its quantized layers as ``QuantLinear`` / ``QuantMoE``.
+
+    ``dtype``: the dtype of the model's unquantized parameters (embeddings, norms, skipped layers) and so of
+    its activations; default bf16.  A checkpoint written by ``save_quantized`` reloads exactly when ``dtype`` is
+    the dtype the model was saved in; when the checkpoint's dtype (``config.json``'s ``dtype`` /
+    ``torch_dtype``, else that of its unquantized tensors) cannot be held exactly in ``dtype`` (fp32 loaded as
+    bf16, fp16 as bf16, ...) this warns: outputs then differ from the saved model's.  ``backend``: the backend of
+    every quantized op ("auto" | "triton" | "torch" | "reference").  ``model_dir`` must be a local directory
+    (FileNotFoundError otherwise)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ..nn import QuantMoE
+    model_dir = _check_dir(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the skeleton is plain; our modules replace its layers
@@ -156,17 +187,49 @@ def load_quantized(model_dir: str, dtype: torch.dtype = torch.bfloat16, backend:
         if gu.k_perm is not None or dn.k_perm is not None:
             raise CheckpointFormatError(f"{name}: act-order (k_perm) MoE experts are not supported by QuantMoE yet")
         model.set_submodule(_resolve(model, name), QuantMoE.from_quant_weights(gu, dn, act, backend))
-    _load_rest(model, model_dir, qws, experts)
+    stored = _load_rest(model, model_dir, qws, experts)
+    saved = recorded_dtype(model_dir) or (stored.most_common(1)[0][0] if stored else None)
+    if saved is not None and not exact_cast(saved, dtype):
+        warnings.warn(f"humming_triton.load_quantized: {model_dir} was saved in {_name(saved)} and is loaded as "
+                      f"dtype={_name(dtype)}: its unquantized tensors are rounded and activations run in "
+                      f"{_name(dtype)}, so outputs differ from the saved model's; pass dtype=torch.{_name(saved)} "
+                      "for an exact reload", stacklevel=2)
     return model
 
 
-def _load_rest(model: nn.Module, model_dir: str, qws: dict, experts: dict) -> None:
-    """Copy every unquantized tensor (embeddings, norms, router, skipped layers) into the model."""
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def recorded_dtype(model_dir: str) -> torch.dtype | None:
+    """The float dtype ``config.json`` records for the model (``dtype`` in transformers >= 5, ``torch_dtype``
+    before), None when it records none (a model built in fp32 records null) or something else ("auto")."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    name = cfg.get("dtype") or cfg.get("torch_dtype")
+    dt = getattr(torch, str(name).removeprefix("torch."), None) if name else None
+    return dt if isinstance(dt, torch.dtype) and dt.is_floating_point else None
+
+
+def exact_cast(src: torch.dtype, dst: torch.dtype) -> bool:
+    """True when every ``src`` value is exactly a ``dst`` value (bf16 -> fp32 yes; fp32 -> bf16, fp16 <-> bf16 no)."""
+    if src == dst:
+        return True
+    if not (src.is_floating_point and dst.is_floating_point):
+        return False
+    a, b = torch.finfo(src), torch.finfo(dst)
+    return b.eps <= a.eps and b.max >= a.max and b.smallest_normal <= a.smallest_normal
+
+
+def _load_rest(model: nn.Module, model_dir: str, qws: dict, experts: dict) -> Counter:
+    """Copy every unquantized tensor (embeddings, norms, router, skipped layers) into the model.  Returns how
+    many float tensors of each dtype the checkpoint stored (its dtype when config.json records none)."""
     t = _open_tensors(model_dir)
     quant_prefixes = tuple(f"{n}." for n in qws) + tuple(f"{n}_" for n in qws)
     params = dict(model.named_parameters())
     params.update(dict(model.named_buffers()))
     loaded = 0
+    stored = Counter()
     for key in t.keys:
         if key.startswith(quant_prefixes):
             continue
@@ -174,7 +237,11 @@ def _load_rest(model: nn.Module, model_dir: str, qws: dict, experts: dict) -> No
         if target in params:
             with torch.no_grad():
                 p = params[target]
-                p.copy_(t.get(key, "checkpoint").to(p.dtype))
+                src = t.get(key, "checkpoint")
+                if src.is_floating_point():
+                    stored[src.dtype] += 1
+                p.copy_(src.to(p.dtype))
             loaded += 1
     if getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "tie_weights"):
         model.tie_weights()
+    return stored

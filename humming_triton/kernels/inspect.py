@@ -132,11 +132,18 @@ def _main_loop_size(sass: str) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 -m humming_triton.kernels.inspect",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("scheme")
     ap.add_argument("--shape", default="8192x8192", help="NxK")
     ap.add_argument("--m", default="1,16,64,256")
     args = ap.parse_args(argv)
+    # the scheme is checked once, up front: a typo is one line and a non-zero exit, not one line per M
+    try:
+        QuantScheme.parse(args.scheme)
+    except ValueError as e:
+        print(f"{ap.prog}: {e}", file=sys.stderr)
+        return 2
     n, k = map(int, args.shape.split("x"))
     for m in map(int, args.m.split(",")):
         try:

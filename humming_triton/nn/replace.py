@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -58,6 +59,15 @@ class ReplaceReport:
                  f"{len(self.skipped) - by_pattern} incompatible"]
         lines += [f"  not converted {n}: {r}" for n, r in self.skipped.items() if not r.startswith("skip pattern")]
         return "\n".join(lines)
+
+    def skip_summary(self, limit: int = 5) -> str:
+        """The skip reasons grouped with counts, most common first: "2 x group size 128 does not divide K=500,
+        1 x skip pattern".  Why: the warning a user sees must say why, not only how many (issue 18)."""
+        groups = Counter(self.skipped.values()).most_common()
+        parts = [f"{n} x {why}" for why, n in groups[:limit]]
+        if len(groups) > limit:
+            parts.append(f"{sum(n for _, n in groups[limit:])} more with {len(groups) - limit} other reasons")
+        return ", ".join(parts)
 
 
 def _incompatible(scheme: QuantScheme, n: int, k: int) -> str | None:
@@ -125,8 +135,9 @@ def replace_linear(model: nn.Module, scheme: "QuantScheme | str", skip: Iterable
     model._humming_triton_replaced = list(report.replaced)
     model._humming_triton_report = report
     if not report.replaced:
+        why = f": {report.skip_summary()}" if report.skipped else ""
         warnings.warn(f"humming_triton.replace_linear replaced nothing (scheme {scheme.name}; "
-                      f"{len(report.skipped)} candidates skipped, patterns {patterns}); is this the right model?",
+                      f"{len(report.skipped)} candidates skipped{why}; patterns {patterns}); is this the right model?",
                       stacklevel=2)
     (print if verbose else log.info)(str(report))
     return model
