@@ -16,9 +16,11 @@ the activation quantizer.
 ``humming_triton/capability.py`` by path (it imports no torch), then, arch by arch, compiles each distinct
 variant with ``triton.compile(src, target=GPUTarget("cuda", arch, 32))`` -- Triton itself turns 90 / 100 / 120
 into sm_90a / sm_100a / sm_120a (and uses its bundled ptxas-blackwell from 100).  A variant whose MMA the arch
-lacks (capability.mma_reason: fp8 activations on sm_80, ...) is "not applicable" and not compiled.  On sm_90 it
-also reports (does not fail) tiled variants with a >= 64-row MMA side whose PTX has no wgmma.  Exit status 1 when
-any variant fails to compile.
+lacks (capability.mma_reason: fp8 activations on sm_80, the block-scaled ``dot_scaled`` family below sm_100, ...) is
+"not applicable" and not compiled; a block-scaled variant whose PTX has no block-scaled MMA instruction (Triton
+emulated ``tl.dot_scaled``) counts as a failure, and the block-scaled PTX instructions and SASS opcodes found are
+reported per arch.  On sm_90 it also reports (does not fail) tiled variants with a >= 64-row MMA side whose PTX has
+no wgmma.  Exit status 1 when any variant fails to compile.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -38,6 +41,16 @@ KERNELS = os.path.join(ROOT, "humming_triton", "kernels")
 ARCHS = (80, 89, 90, 100, 120)
 
 
+def job_of(kern, consts: dict, ptrs: dict, ints: dict, num_warps: int, num_stages: int, arch: int) -> dict:
+    """One compile job: the kernel (module and name under humming_triton/kernels/), its signature (pointer types,
+    i32 for the other runtime arguments), constexprs and the runtime's divisibility-by-16 specialisation."""
+    names = kern.arg_names
+    return {"module": kern.fn.__module__.rsplit(".", 1)[-1], "kernel": kern.fn.__name__,
+            "signature": {a: ("constexpr" if a in consts else ptrs.get(a, "i32")) for a in names},
+            "constexprs": consts, "divisible": [a for a in names if a in ptrs or (a in ints and ints[a] % 16 == 0)],
+            "num_warps": num_warps, "num_stages": num_stages, "arch": arch}
+
+
 def dump(path: str) -> int:
     sys.path.insert(0, ROOT)
     from humming_triton.formats import PRESETS
@@ -45,12 +58,7 @@ def dump(path: str) -> int:
     jobs = []
 
     def record(kern, consts, ptrs, ints, num_warps, num_stages, arch):
-        names = kern.arg_names
-        jobs.append({"module": kern.fn.__module__.rsplit(".", 1)[-1], "kernel": kern.fn.__name__,
-                     "signature": {a: ("constexpr" if a in consts else ptrs.get(a, "i32")) for a in names},
-                     "constexprs": consts, "divisible": [a for a in names if a in ptrs or (a in ints and
-                                                                                    ints[a] % 16 == 0)],
-                     "num_warps": num_warps, "num_stages": num_stages, "arch": arch})
+        jobs.append(job_of(kern, consts, ptrs, ints, num_warps, num_stages, arch))
         return {}
 
     ins._compile = record
@@ -75,6 +83,10 @@ def dump(path: str) -> int:
                 call = Call("quant_linear", QuantScheme.parse(preset), torch.bfloat16, m, 4096, 4096)
                 cands = [] if fam.reason(call) else fam.candidates(call)
                 if cands:
+                    if hasattr(fam, "compile_spec"):  # a multi-step family (quantizer + GEMM): its GEMM launch
+                        spec, ptrs, ints = fam.compile_spec(call, cands[0])
+                        record(spec.kernel, spec.constexprs, ptrs, ints, spec.num_warps, spec.num_stages, 100)
+                        break
                     try:
                         ins.compile_report(preset, m, 4096, 4096, cfg=cands[0])
                     except ValueError:  # not a single Triton launch
@@ -124,6 +136,9 @@ def load_capability():
 _ACT_KIND_DTYPE = {1: "e4m3fn", 5: "e4m3fn", 2: "int8", 3: "e2m1", 4: "e2m1"}
 # kernel -> the constexpr that is the M side of its MMA (the wgmma check); swap-AB puts the weight's N there
 MMA_M_SIDE = {"dense_tiled_kernel": "BLOCK_M", "grouped_tiled_kernel": "BLOCK_M", "dense_swapab_kernel": "BLOCK_N"}
+# kernels built on tl.dot_scaled (kernels/_dense_scaled.py): "block_scaled" (SM 10.0+); below it Triton would emulate
+# the MMA in bf16, which no dispatch path offers, so sm_80 / 89 / 90 list them as not applicable
+BLOCK_SCALED = {"dense_scaled_kernel"}
 
 
 def job_mma(job: dict) -> str:
@@ -138,6 +153,8 @@ def job_mma(job: dict) -> str:
             raise ValueError(f"{job['kernel']}: unknown ACT_KIND {c.get('ACT_KIND')} on codes; add it to "
                              f"scripts/compile_check.py:_ACT_KIND_DTYPE")
         return cap.kernel_mma_kind(_ACT_KIND_DTYPE[c["ACT_KIND"]])
+    if job["kernel"] in BLOCK_SCALED:  # tl.dot_scaled: native only where the MMA applies the block scales
+        return "block_scaled"
     if job["kernel"] == "act_quant_kernel" and c["KIND"] == 1:
         # the e4m3 quantizer converts through Triton's fp8e4nv (sm_89+) and serves only fp8-MMA schemes
         return "fp8"
@@ -202,7 +219,36 @@ def compile_one(job: dict, arch: int) -> dict:
     except Exception as e:  # report every failure, keep going
         return {"ok": False, "seconds": time.perf_counter() - t0, "error": first_line(e),
                 "trace": traceback.format_exc(limit=3)}
-    return {"ok": True, "seconds": time.perf_counter() - t0, "wgmma": "wgmma.mma_async" in ck.asm["ptx"]}
+    ptx = ck.asm["ptx"]
+    out = {"ok": True, "seconds": time.perf_counter() - t0, "wgmma": "wgmma.mma_async" in ptx}
+    if job["kernel"] in BLOCK_SCALED:
+        # the block-scaled MMA itself: sm_100 "tcgen05.mma.cta_group::1.kind::mxf4.block_scale..." (mxf4nvf4,
+        # mxf8f6f4), sm_120 "mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4.block_scale..."; an emulated
+        # tl.dot_scaled shows a kind::f16 / bf16 MMA instead
+        found = sorted(set(re.findall(r"[\w.:]*mma[\w.:]*\.block_scale[\w.:]*", ptx)))
+        out["block_scale_mma"] = found
+        out["block_scale_sass"] = _sass_mma(ck.asm["cubin"])
+        if not found:
+            return {**out, "ok": False, "trace": "",
+                    "error": "compiled, but its PTX has no block-scaled MMA (Triton emulated tl.dot_scaled)"}
+    return out
+
+
+def _sass_mma(cubin: bytes) -> list[str]:
+    """The MMA opcodes of a cubin's SASS (cuobjdump from Triton's bundled tools; [] where it is missing):
+    sm_100 tcgen05 UTCOMMA / UTCQMMA, sm_120 OMMA.SF / QMMA.SF (the block-scaled mma.sync)."""
+    import subprocess
+    import tempfile
+    import triton
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.access(tool, os.X_OK):
+        return []
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True).stdout
+    return sorted(set(re.findall(r"\b(UTC[A-Z]*MMA[\w.]*|[A-Z]*MMA\.SF[\w.]*)", sass)))
 
 
 def distinct(jobs: list[dict]) -> list[dict]:
@@ -249,6 +295,10 @@ def compile_matrix(jobs: list[dict], archs=ARCHS, workers: int = 1, verbose: boo
                        "failures": [{"variant": describe(j), "constexprs": j["constexprs"], "error": o["error"]}
                                     for j, o in failed],
                        "seconds": round(wall, 1), "compile_seconds": round(sum(o["seconds"] for o in outs), 1)}
+            scaled = [o["block_scale_mma"] for o in outs if o.get("block_scale_mma")]
+            if scaled:
+                summary["block_scale_mma"] = sorted({i for found in scaled for i in found})
+                summary["block_scale_sass"] = sorted({i for o in outs for i in o.get("block_scale_sass", [])})
             if arch == 90:
                 summary["wgmma_checked"] = wg_checked
                 summary["no_wgmma"] = [describe(j) for j in no_wgmma]
@@ -265,6 +315,9 @@ def compile_matrix(jobs: list[dict], archs=ARCHS, workers: int = 1, verbose: boo
                 log(f"  FAILED {describe(job)}: {o['error']}")
                 if verbose:
                     log(f"    constexprs {json.dumps(job['constexprs'])}\n{o['trace']}")
+            if scaled:
+                log(f"  block-scaled MMA in {len(scaled)} dot_scaled variant(s): "
+                    + ", ".join(summary["block_scale_mma"]) + "; SASS: " + ", ".join(summary["block_scale_sass"]))
             if arch == 90:
                 log(f"  wgmma: {wg_checked - len(no_wgmma)}/{wg_checked} variants with a >= 64-row MMA side use it"
                     + "".join(f"\n  no wgmma in PTX: {d}" for d in summary["no_wgmma"]))
