@@ -6,6 +6,7 @@ from .dispatch import last_backend, select_backend
 from .formats import (PRESETS, ActQuant, FloatType, IntType, QuantActivation, QuantScheme, QuantWeight, ScaleSpec,
                       dequantize_activation, dequantize_weight, pack_codes, parse_element_type, quantize_activation,
                       quantize_weight, unpack_codes)
+from .formats.quantize import QuantizationWarning
 from .linear import fused_moe, grouped_linear, quant_linear
 from .reference import reference_fused_moe, reference_grouped_linear, reference_linear
 from .checkpoints import CheckpointFormatError, load_quantized, read_quantized_tensors
@@ -20,5 +21,5 @@ __all__ = [
     "reference_grouped_linear", "reference_fused_moe", "last_backend", "select_backend",
     "QuantLinear", "QuantMoE", "replace_linear",
     "load_quantized", "read_quantized_tensors", "CheckpointFormatError",
-    "save_quantized", "ExportError",
+    "save_quantized", "ExportError", "QuantizationWarning",
 ]

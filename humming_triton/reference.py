@@ -44,11 +44,32 @@ def _effective_x(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
     return dequantize_activation(quantize_activation(x, qw.scheme.act, qw.input_scale))
 
 
+def _tensor_key(t: torch.Tensor | None) -> tuple:
+    if t is None:
+        return ()
+    try:
+        version = t._version
+    except RuntimeError:  # inference tensors have no version counter (and cannot change outside inference mode)
+        version = -2
+    return (t.data_ptr(), version, tuple(t.shape))
+
+
+def _weight_key(qw: QuantWeight) -> tuple:
+    """What the dequantized weight depends on: every tensor's storage and version counter (an in-place edit such
+    as ``qw.scales.mul_(2)`` bumps the counter, a reassigned field changes the pointer), the scheme and shape."""
+    return (qw.scheme, qw.shape, *(_tensor_key(t) for t in (qw.data, qw.scales, qw.zeros, qw.global_scale,
+                                                           qw.k_perm)))
+
+
 def _weight_f32(qw: QuantWeight) -> torch.Tensor:
-    # the dequantized weight is cached: as CPU fallback this op runs every forward
-    w = qw.cache.get("reference_f32")
-    if w is None:
-        w = qw.cache["reference_f32"] = dequantize_weight(qw)
+    # the dequantized weight is cached: as CPU fallback this op runs every forward; keyed so that an in-place
+    # edit of the QuantWeight's tensors is never answered from a stale copy
+    key = _weight_key(qw)
+    hit = qw.cache.get("reference_f32")
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    w = dequantize_weight(qw)
+    qw.cache["reference_f32"] = (key, w)
     return w
 
 

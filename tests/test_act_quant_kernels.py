@@ -1,6 +1,8 @@
 """The quantized-activation tensor-core paths (W8A8-FP8 channel/block, W4A8-FP8, W4A8-MXFP4 on fp8 MMAs;
 W8A8-INT8, W4A8-INT8 on int8 MMAs): the fused activation quantizer against the reference quantizer, and the
 GEMM against the reference on the very activation codes the kernel produced.  CPU: interpreter; `pytest -m gpu`."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -116,8 +118,13 @@ def test_w4a4_odd_shapes(scheme, m, k, dtype, rng):
 @pytest.mark.interpret
 @pytest.mark.parametrize("scheme", ["weight=int4,scale=fp16:g16,act=e2m1/e8m0:g32", "w4a8-fp8"])
 def test_activation_group_must_divide_k(scheme):
-    qw = ht.quantize_weight(torch.randn(8, 48), scheme.replace("w4a8-fp8", "weight=int4,scale=fp32:channel,"
-                                                                         "act=e4m3fn/fp32:g32"))
+    s = ht.QuantScheme.parse(scheme.replace("w4a8-fp8", "weight=int4,scale=fp32:channel,act=e4m3fn/fp32:g32"))
+    # refused when quantizing (issue 15: the same rule, not a late refusal) ...
+    with pytest.raises(ValueError, match="activation group size 32 does not divide K=48"):
+        ht.quantize_weight(torch.randn(8, 48), s)
+    # ... and by every backend for a QuantWeight made otherwise (a checkpoint)
+    w_only = ht.quantize_weight(torch.randn(8, 48), dataclasses.replace(s, act=None))
+    qw = dataclasses.replace(w_only, scheme=s, cache={})
     for backend in ("triton", "reference"):
         with pytest.raises(ValueError, match="activation group size 32 does not divide K=48"):
             ht.quant_linear(torch.randn(2, 48), qw, backend=backend)

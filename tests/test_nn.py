@@ -192,7 +192,7 @@ def test_quant_linear_module(rng):
     mod.to(torch.bfloat16)
     assert {n: b.dtype for n, b in mod.named_buffers() if n != "bias"} == scale_dtypes
     assert mod.bias.dtype == torch.bfloat16 and mod(x.bfloat16()).dtype == torch.bfloat16
-    assert set(mod.state_dict()) == {"weight_packed", "weight_scale", "weight_global_scale", "bias"}
+    assert set(mod.state_dict()) == {"weight_packed", "weight_scale", "weight_global_scale", "bias", "_extra_state"}
 
 
 def test_quant_moe_expert_parallel_mask(rng):

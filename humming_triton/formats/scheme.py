@@ -92,6 +92,13 @@ class ActQuant:
         return (f"{self.dtype}/{self.scale_dtype}:{gran}{'+global' if self.global_scale else ''}"
                 f"{':static' if self.static else ''}")
 
+    def shape_error(self, k: int) -> str | None:
+        """Why activations with ``k`` columns cannot be quantized this way (None if they can): a group must
+        divide K (a partial last group has no agreed scale rule; the reference and every kernel refuse it)."""
+        if self.group_k and k % self.group_k:
+            return f"activation group size {self.group_k} does not divide K={k}"
+        return None
+
     @staticmethod
     def parse(text: str) -> "ActQuant | None":
         if text in ("none", "16", "bf16", "fp16"):
@@ -172,6 +179,18 @@ class QuantScheme:
 
     def group_n(self, n: int) -> int:
         return self.scale.block_n or n
+
+    def shape_error(self, n: int, k: int) -> str | None:
+        """Why an ``[N, K]`` weight cannot take this scheme (None if it can) -- the one shape rule that
+        ``quantize_weight`` applies when quantizing and the reference / kernels apply to every call: a group of K
+        (``g<K>``, one row per scale) must divide K, and so must the activation group.  2-D blocks (``b<N>x<K>``)
+        may be partial at the edges."""
+        bk = self.scale.block_k
+        if bk and self.scale.block_n == 1 and k % bk:
+            return f"group size {bk} does not divide K={k}"
+        if self.act is not None:
+            return self.act.shape_error(k)
+        return None
 
 
 _PRESET_STRINGS = {

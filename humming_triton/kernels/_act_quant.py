@@ -9,6 +9,9 @@ rounded up to a power of two (e8m0: the exact ceil(log2), read off the float64 b
 (at least its smallest subnormal); the quotient divides by that scale times the global.  e4m3 rounding is done on the float64 bits (3 mantissa bits kept; a
 2**-9 quantum below 2**-6) so that the final conversion to fp8 is exact everywhere -- the Triton interpreter's own
 float -> fp8 conversion does not round to nearest.
+
+Non-finite inputs follow the reference's rule: the amax is taken over the finite values, and a group holding a
+NaN or an Inf gets a NaN scale (fp32 NaN, e8m0 code 0xFF, e4m3 code 0x7F) and zero codes -- its GEMM row is NaN.
 """
 import triton
 import triton.language as tl
@@ -73,28 +76,37 @@ def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     k_begin = g * GROUP_K
+    # non-finite inputs, as the reference (formats/activation.py): the amax is over the finite values, and a group
+    # holding a NaN or an Inf gets a NaN scale (fp32 NaN, e8m0 0xFF, e4m3 0x7F) and zero codes
     amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    nonfinite = tl.zeros((BLOCK_K,), dtype=tl.int32)
     for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
+        ax = tl.abs(x)
+        finite = ax < float("inf")  # false for +-inf and NaN
+        amax = tl.maximum(amax, tl.where(finite, ax, 0.0))
+        nonfinite = tl.maximum(nonfinite, tl.where(finite, 0, 1))
     a = tl.max(amax, axis=0)
+    bad = tl.max(nonfinite, axis=0) > 0
     if KIND == 3:
         gs = 1.0
         if SCALE_KIND == 2:
             gs = tl.load(gs_ptr).to(tl.float64)
         code, eff = e2m1_scale(a, gs, SCALE_KIND)
+        code = tl.where(bad, 255 if SCALE_KIND == 1 else 127, code)
         tl.store(scales_ptr + row * stride_sm + g, code.to(tl.uint8))
     else:
         QMAX: tl.constexpr = 448.0 if KIND == 1 else 127.0
         # IEEE division (div_rn): "/" on fp32 compiles to an approximate division on the GPU; the reference
         # rounds amax / qmax to fp32 exactly
         s = tl.where(a > 0, tl.div_rn(a, QMAX), 1.0)
-        tl.store(scales_ptr + row * stride_sm + g, s)
+        tl.store(scales_ptr + row * stride_sm + g, tl.where(bad, float("nan"), s))
         eff = s.to(tl.float64)
     for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float64)
+        x = tl.where(bad, 0.0, x)
         q = x / eff  # float64 division is IEEE on the GPU, as in the reference
         if KIND == 3:
             c = round_to_e2m1(q).to(tl.uint8)

@@ -15,9 +15,8 @@ import triton
 from dataclasses import replace
 
 from ..calls import Call, KernelConfig, interpreting
-from ..formats.activation import QuantActivation, dequantize_activation
+from ..formats.activation import QuantActivation, dequantize_activation, global_act_scale
 from ..formats.dtypes import FloatType, WideFloat
-from ..formats.quantize import positive_qmax
 from ..formats.scheme import ActQuant, QuantScheme
 from ..formats.weight import QuantWeight
 from . import configs, families
@@ -99,13 +98,9 @@ def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: to
     codes = torch.empty(m, k, dtype=torch.uint8, device=x2.device)
     wide = str(spec.scale_dtype) == "fp32"
     scales = torch.empty(m, -(-k // g), dtype=torch.float32 if wide else torch.uint8, device=x2.device)
-    gscale = None
-    if spec.global_scale:  # the reference's formula, in the same float64 steps
-        if input_scale is not None:
-            gscale = input_scale.to(device=x2.device, dtype=torch.float32).reshape(())
-        else:
-            amax = x2.abs().amax().double() if x2.numel() else torch.zeros((), dtype=torch.float64, device=x2.device)
-            gscale = (amax / (positive_qmax(spec.dtype) * spec.scale_dtype.finite_max())).clamp(min=1e-30).float()
+    # NV's per-tensor scale: the reference's formula, over the finite values (a NaN / inf row must not spoil the
+    # other rows' scales; the quantizer gives that row a NaN scale)
+    gscale = global_act_scale(x2, spec, input_scale)
     if m:
         block = min(1024, triton.next_power_of_2(g))
         act_quant_kernel[(m, scales.shape[1])](
