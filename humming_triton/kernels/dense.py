@@ -159,9 +159,12 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
 def split_buffers(split: int, m: int, n: int, tiles: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K's per-call state (store_output): an uninitialised fp32 workspace of SPLIT_K partial planes and a
     zeroed counter per output tile -- fresh each call, so concurrent streams never share them."""
-    if split == 1:
-        return _NO_SPLIT.setdefault(device, (torch.empty(1, device=device), torch.zeros(1, dtype=torch.int32,
-                                                                                     device=device)))
+    if split == 1:  # placeholders the kernel never reads: made once per device (not a fill kernel per call)
+        bufs = _NO_SPLIT.get(device)
+        if bufs is None:
+            bufs = _NO_SPLIT[device] = (torch.empty(1, device=device), torch.empty(1, dtype=torch.int32,
+                                                                                device=device))
+        return bufs
     return (torch.empty(split * m * n, dtype=torch.float32, device=device),
             torch.zeros(tiles, dtype=torch.int32, device=device))
 
