@@ -191,6 +191,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="8192x8192", help="comma list of NxK (with --preset)")
     ap.add_argument("--m", default="1,2,4,8,16,64,256,1024,4096", help="comma list of M values (with --preset)")
     ap.add_argument("--only", default=None, help="substring filter on the table key (e.g. 'w4a16|8192')")
+    ap.add_argument("--match", default=None, help="regular expression searched in the table key "
+                    "(e.g. '\\|(w4a16|w8a16)\\|.*\\|m(1|2|4|8|16)$')")
     ap.add_argument("--jobs", type=int, default=0, help="compile in this many processes first (0: no warm-up)")
     ap.add_argument("--resume", action="store_true", help="keep entries already measured at this commit")
     ap.add_argument("--out", default=None, help="JSON file (default autotune_configs/<device>.json)")
@@ -206,6 +208,9 @@ def main(argv=None) -> int:
               for s in args.shapes.split(",") for m in args.m.split(",")]
     if args.only:
         cases = [c for c in cases if args.only in _key(c)]
+    if args.match:
+        import re
+        cases = [c for c in cases if re.search(args.match, _key(c))]
     slug = _facts().slug
     out = Path(args.out) if args.out else dispatch.table_path(slug)
     data = json.loads(out.read_text()) if out.exists() else {}

@@ -11,6 +11,8 @@
 #   tune    the measured dispatch table: every candidate (backend x family x config) of every case of the
 #           suites $TUNE_SUITES (default headline,decode; filter $TUNE_ONLY), compiled in $TUNE_JOBS processes first
 #           (writes autotune_configs/<device>.json, copied to $OUT)
+#   native  the native CUDA library (cutlass_ext): loads or is built here, its GPU tests, an ncu profile and a
+#           sweep of its configs at the decode shapes                                  -> native*.txt
 #   new     GPU tests of this session's new paths (swap-AB family, torch-composed families, dispatch)
 #   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
 #   overhead host-side µs per call of each path (eager, op, compiled) + profiles  -> overhead.txt
@@ -52,8 +54,17 @@ for step in $STEPS; do
     tune)
       stamp tune
       timeout -k 5 ${TUNE_S:-300} python3 -m humming_triton.tune --suite ${TUNE_SUITES:-headline,decode} \
-        ${TUNE_ONLY:+--only "$TUNE_ONLY"} --jobs ${TUNE_JOBS:-12} > "$OUT/tune.txt" 2>&1
+        ${TUNE_ONLY:+--only "$TUNE_ONLY"} ${TUNE_MATCH:+--match "$TUNE_MATCH"} --jobs ${TUNE_JOBS:-12} > "$OUT/tune.txt" 2>&1
       cp autotune_configs/*.json "$OUT/" ;;
+    native)  # the native library: load the carried build, else build it here; its GPU tests; one ncu profile
+      stamp native
+      python3 -c "from cutlass_ext import native; import sys; w = native.unavailable(); print(w or 'native library loads'); sys.exit(1 if w else 0)" \
+        > "$OUT/native.txt" 2>&1 || timeout -k 5 240 python3 -m cutlass_ext.build --arch 90 >> "$OUT/native.txt" 2>&1
+      gpu_tests ${NATIVE_S:-150} native tests/test_native_decode.py
+      timeout -k 5 120 ncu --clock-control none -k regex:decode_mma --launch-skip 3 --launch-count 2 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        --section LaunchStats python3 scripts/native_probe.py > "$OUT/native_ncu.txt" 2>&1
+      timeout -k 5 120 python3 scripts/native_probe.py --sweep --out "$OUT/native_sweep.json" > "$OUT/native_sweep.txt" 2>&1 ;;
     new)     gpu_tests ${NEW_S:-150} new tests/test_dispatch.py tests/test_dense_kernels.py tests/test_grouped_kernels.py \
                -k "swapab or dispatch or torch_composed or split" ;;
     dense)   gpu_tests ${DENSE_S:-200} dense tests/test_dense_kernels.py -k every_format_family ;;

@@ -1,0 +1,370 @@
+// Weight-only decode GEMM for M <= 16 tokens on mma.sync (sm_80+):  y[M, N] = x[M, K] @ W[N, K]^T.
+//
+// Why native: at decode the kernel streams the packed weight once and its time is set by instructions per weight
+// byte and by the bytes kept in flight (benchmarks/results/h200/ANALYSIS.md).  Here every thread loads its weight
+// with one 16-byte load per 64 K straight into registers -- the layout is repacked once at load (repack in
+// decode_mma.py) so that the bytes a thread loads are exactly its mma A fragments -- and converts two codes per
+// instruction (LOP3 / PRMT into the mantissa of a magic number, one packed subtract).  Tokens sit on the mma's
+// N side (8 per n-tile), weight rows on M (16 per warp); warps of one CTA split K and add their partials in a fixed
+// order through shared memory: one launch, no workspace, deterministic.
+//
+// K inside one 64-wide chunk is permuted (the same permutation for x and W, so the product is unchanged): thread
+// t of a quad owns logical k in [16 t, 16 t + 16), so its activation operand is two 16-byte loads.  In step s
+// (0..3) of a chunk, mma slot kappa = 2t + h maps to k = 16t + 4s + h and kappa = 8 + 2t + h to k = 16t + 4s + 2 + h.
+//
+// Codes arrive as unsigned offsets u (signed codes are stored with +2^(bits-1)); w = (u - c) * s, with c the zero
+// point (or 2^(bits-1)).  (u - c) is an exact small integer in fp16 / bf16, so each scale group's mma partial sum is
+// exact up to fp32 accumulation, and the group's scale multiplies the fp32 partial (one FFMA per output element
+// per group, never one per weight element).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+namespace {
+
+__device__ __forceinline__ uint32_t lop_and_or(uint32_t a, uint32_t mask, uint32_t magic) {
+  uint32_t d;  // (a & mask) | magic in one LOP3
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(magic));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+template <typename T>
+struct Act;
+
+template <>
+struct Act<__half> {
+  static constexpr uint32_t MAGIC16 = 0x64006400u;  // 1024.0 in both halves: 1024 + u is exact for u < 1024
+  static constexpr float MAGIC = 1024.0f;
+  static __device__ __forceinline__ uint32_t sub2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    uint32_t d;
+    asm("cvt.rn.f16x2.f32 %0, %2, %1;" : "=r"(d) : "f"(lo), "f"(hi));
+    return d;
+  }
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
+  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+};
+
+template <>
+struct Act<__nv_bfloat16> {
+  static constexpr uint32_t MAGIC16 = 0x43004300u;  // 128.0 in both halves: 128 + u is exact for u < 128
+  static constexpr float MAGIC = 128.0f;
+  static __device__ __forceinline__ uint32_t sub2(uint32_t a, uint32_t b) {
+    uint32_t d;  // a - b as a * 1 + (-b): sm_80 has fma.rn.bf16x2
+    asm("{ .reg .b32 one, nb;\n"
+        "  mov.b32 one, 0x3f803f80;\n"
+        "  xor.b32 nb, %2, 0x80008000;\n"
+        "  fma.rn.bf16x2 %0, %1, one, nb; }"
+        : "=r"(d) : "r"(a), "r"(b));
+    return d;
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    uint32_t d;
+    asm("cvt.rn.bf16x2.f32 %0, %2, %1;" : "=r"(d) : "f"(lo), "f"(hi));
+    return d;
+  }
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+};
+
+// The per-row subtrahend of one scale group, in the form the decode of BITS needs.
+template <typename T, int BITS>
+struct Bias {
+  uint32_t g = 0, g8 = 0;  // packed 16-bit (MAGIC + c) for rows g and g + 8 (int4; int8 with fp16)
+  float fg = 0.0f, fg8 = 0.0f;  // 2^23 + c (int8 with bf16: decoded through fp32, 128 + u is not exact in bf16)
+  __device__ __forceinline__ void set(float cg, float cg8) {
+    if constexpr (BITS == 8 && std::is_same<T, __nv_bfloat16>::value) {
+      fg = 8388608.0f + cg;
+      fg8 = 8388608.0f + cg8;
+    } else {
+      g = Act<T>::pack(Act<T>::MAGIC + cg, Act<T>::MAGIC + cg);
+      g8 = Act<T>::pack(Act<T>::MAGIC + cg8, Act<T>::MAGIC + cg8);
+    }
+  }
+};
+
+// One k16 step: this thread's A fragment from its code word(s).
+template <typename T, int BITS>
+__device__ __forceinline__ void decode_int4(uint32_t q, const Bias<T, BITS>& b, uint32_t (&a)[4]) {
+  // nibble p is the low half of a[p], nibble p + 4 its high half (repack's layout)
+  a[0] = Act<T>::sub2(lop_and_or(q, 0x000F000Fu, Act<T>::MAGIC16), b.g);
+  a[1] = Act<T>::sub2(lop_and_or(q >> 4, 0x000F000Fu, Act<T>::MAGIC16), b.g8);
+  a[2] = Act<T>::sub2(lop_and_or(q >> 8, 0x000F000Fu, Act<T>::MAGIC16), b.g);
+  a[3] = Act<T>::sub2(lop_and_or(q >> 12, 0x000F000Fu, Act<T>::MAGIC16), b.g8);
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t int8_pair(uint32_t q, int lo_byte, uint32_t bias16, float fbias) {
+  if constexpr (std::is_same<T, __half>::value) {  // fp16: bytes into the low mantissa of 1024.0
+    const uint32_t sel = lo_byte == 0 ? 0x5150u : 0x5352u;
+    return Act<T>::sub2(prmt(q, 0x64646464u, sel), bias16);
+  }
+  const uint32_t s0 = lo_byte == 0 ? 0x7440u : 0x7442u, s1 = lo_byte == 0 ? 0x7441u : 0x7443u;
+  const float v0 = __uint_as_float(prmt(q, 0x4B000000u, s0)) - fbias;  // 2^23 + u - (2^23 + c)
+  const float v1 = __uint_as_float(prmt(q, 0x4B000000u, s1)) - fbias;
+  return Act<T>::pack(v0, v1);
+}
+
+template <typename T, int BITS>
+__device__ __forceinline__ void decode_int8(uint32_t qg, uint32_t qg8, const Bias<T, BITS>& b, uint32_t (&a)[4]) {
+  a[0] = int8_pair<T>(qg, 0, b.g, b.fg);
+  a[1] = int8_pair<T>(qg8, 0, b.g8, b.fg8);
+  a[2] = int8_pair<T>(qg, 2, b.g, b.fg);
+  a[3] = int8_pair<T>(qg8, 2, b.g8, b.fg8);
+}
+
+struct Params {
+  const uint4* w;        // [tiles, chunks, LOADS, 32] x 16 bytes
+  const void* x;         // [M, ldx] fp16 / bf16, 16-byte aligned rows
+  const float2* scales;  // [tiles, groups, 8] (s[row g], s[row g + 8])
+  const float2* zeros;   // same shape, the zero point c per row; null: c = 2^(bits-1) for every row
+  const void* bias;      // [N] or null (fp32 when bias_f32, else the activation type)
+  void* y;               // [M, ldy] (fp32 when out_f32, else the activation type)
+  int M, N, K, ldx, ldy;
+  int chunks;            // ceil(K / 64)
+  int group_chunks;      // chunks per scale group; 0: one scale per row (channel)
+  int groups;            // scale groups along K (1 for channel)
+  int chunks_per_warp;   // a multiple of group_chunks
+  float out_scale;       // multiplies the result (a global weight scale), 1 if none
+  int bias_f32, out_f32;
+};
+
+template <typename T, int BITS, int NT, bool ZERO, int U>
+__global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
+  constexpr int LOADS = BITS == 4 ? 1 : 2;  // 16-byte loads of codes per thread per chunk
+  const int lane = threadIdx.x, kw = threadIdx.y, tw = threadIdx.z, KW = blockDim.y;
+  const int g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x * blockDim.z + tw;
+  const int tiles = (p.N + 15) >> 4;
+  extern __shared__ float red[];  // [TW][KW][32][4 NT]
+
+  float acc[NT][4], part[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = part[j][i] = 0.0f;
+
+  const int c0 = kw * p.chunks_per_warp;
+  const int c1 = min(p.chunks, c0 + p.chunks_per_warp);
+  float2 s_cur = make_float2(1.0f, 1.0f);
+  if (tile < tiles && c0 < c1) {
+    const uint4* wp = p.w + (size_t)tile * p.chunks * LOADS * 32 + lane;
+    const T* xrow[NT];
+    bool xok[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      xok[j] = g + 8 * j < p.M;
+      xrow[j] = static_cast<const T*>(p.x) + (size_t)(xok[j] ? g + 8 * j : 0) * p.ldx + 16 * t;
+    }
+    const bool channel = p.group_chunks == 0;
+    const float2* sp = p.scales + ((size_t)tile * p.groups + (channel ? 0 : c0 / p.group_chunks)) * 8 + g;
+    const float2* zp = ZERO ? p.zeros + (sp - p.scales) : nullptr;
+    const float c_sym = float(1 << (BITS - 1));
+    s_cur = *sp;
+    float2 z_cur = ZERO ? *zp : make_float2(c_sym, c_sym);
+    Bias<T, BITS> bias;
+    bias.set(z_cur.x, z_cur.y);
+
+    // chunks are loaded in order: running pointers instead of per-load index arithmetic
+    const uint4* wnext = wp + (size_t)c0 * LOADS * 32;
+    const T* xnext[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) xnext[j] = xrow[j] + c0 * 64;
+    int knext = c0 * 64 + 16 * t;
+    uint4 wb[U][LOADS], xb[U][NT][2];
+    auto load = [&](uint4 (&w)[LOADS], uint4 (&xv)[NT][2]) {
+#pragma unroll
+      for (int l = 0; l < LOADS; ++l) w[l] = __ldcs(wnext + l * 32);
+      wnext += LOADS * 32;
+      const bool kok = knext < p.K;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        if (xok[j] && kok) {
+          const uint4* xp = reinterpret_cast<const uint4*>(xnext[j]);
+          xv[j][0] = __ldg(xp);
+          xv[j][1] = __ldg(xp + 1);
+        } else {
+          xv[j][0] = xv[j][1] = make_uint4(0, 0, 0, 0);
+        }
+        xnext[j] += 64;
+      }
+      knext += 64;
+    };
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (c0 + u < c1) load(wb[u], xb[u]);
+
+    int left = channel ? 0x7fffffff : p.group_chunks;  // chunks until the current scale group ends
+    for (int c = c0; c < c1; c += U) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int cc = c + u;
+        if (cc < c1) {
+          uint4 w[LOADS], xv[NT][2];
+#pragma unroll
+          for (int l = 0; l < LOADS; ++l) w[l] = wb[u][l];
+#pragma unroll
+          for (int j = 0; j < NT; ++j) xv[j][0] = xb[u][j][0], xv[j][1] = xb[u][j][1];
+          if (cc + U < c1) load(wb[u], xb[u]);
+          const uint32_t* wq = reinterpret_cast<const uint32_t*>(w);
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            uint32_t a[4];
+            if constexpr (BITS == 4)
+              decode_int4(wq[s], bias, a);
+            else
+              decode_int8(wq[2 * s], wq[2 * s + 1], bias, a);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+              const uint32_t* xr = reinterpret_cast<const uint32_t*>(xv[j]);
+              Act<T>::mma(part[j], a, xr[2 * s], xr[2 * s + 1]);
+            }
+          }
+          if (--left == 0 && cc + 1 < c1) {  // a group ends: scale its partial sums
+            left = p.group_chunks;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+              acc[j][0] += part[j][0] * s_cur.x, acc[j][1] += part[j][1] * s_cur.x;
+              acc[j][2] += part[j][2] * s_cur.y, acc[j][3] += part[j][3] * s_cur.y;
+              part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
+            }
+            sp += 8;
+            s_cur = *sp;
+            if constexpr (ZERO) {
+              zp += 8;
+              z_cur = *zp;
+              bias.set(z_cur.x, z_cur.y);
+            }
+          }
+        }
+      }
+    }
+  }
+  // the last (or only) group's partials
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    acc[j][0] += part[j][0] * s_cur.x, acc[j][1] += part[j][1] * s_cur.x;
+    acc[j][2] += part[j][2] * s_cur.y, acc[j][3] += part[j][3] * s_cur.y;
+  }
+  if (KW > 1) {
+    float* mine = red + ((size_t)(tw * KW + kw) * 32 + lane) * 4 * NT;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) mine[4 * j + i] = acc[j][i];
+    __syncthreads();
+    if (kw != 0) return;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    for (int r = 0; r < KW; ++r) {  // fixed order: the result does not depend on scheduling
+      const float* theirs = red + ((size_t)(tw * KW + r) * 32 + lane) * 4 * NT;
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] += theirs[4 * j + i];
+    }
+  }
+  if (tile >= tiles) return;
+  const T* bias_p = static_cast<const T*>(p.bias);
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int n = tile * 16 + g + 8 * (i >> 1), m = 2 * t + (i & 1) + 8 * j;
+      if (n < p.N && m < p.M) {
+        float v = acc[j][i] * p.out_scale;
+        if (bias_p != nullptr) v += p.bias_f32 ? static_cast<const float*>(p.bias)[n] : Act<T>::to_float(bias_p[n]);
+        if (p.out_f32)
+          static_cast<float*>(p.y)[(size_t)m * p.ldy + n] = v;
+        else
+          static_cast<T*>(p.y)[(size_t)m * p.ldy + n] = Act<T>::from_float(v);
+      }
+    }
+}
+
+template <typename T, int BITS, int NT, bool ZERO, int U>
+cudaError_t launch(const Params& p, int kw, int tw, cudaStream_t stream) {
+  const int tiles = (p.N + 15) / 16;
+  dim3 block(32, kw, tw), grid((tiles + tw - 1) / tw);
+  const size_t smem = kw > 1 ? (size_t)tw * kw * 32 * 4 * NT * sizeof(float) : 0;
+  decode_mma_kernel<T, BITS, NT, ZERO, U><<<grid, block, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int BITS, int NT, bool ZERO>
+cudaError_t pick_unroll(const Params& p, int unroll, int kw, int tw, cudaStream_t s) {
+  switch (unroll) {
+    case 1: return launch<T, BITS, NT, ZERO, 1>(p, kw, tw, s);
+    case 2: return launch<T, BITS, NT, ZERO, 2>(p, kw, tw, s);
+    case 4:  // two token tiles with four chunks in flight spill registers (ptxas, sm_90): not built
+      if constexpr (NT == 1) return launch<T, BITS, NT, ZERO, 4>(p, kw, tw, s);
+      return cudaErrorInvalidValue;
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <typename T, int BITS>
+cudaError_t pick_rest(const Params& p, int nt, bool zero, int unroll, int kw, int tw, cudaStream_t s) {
+  if (nt == 1) return zero ? pick_unroll<T, BITS, 1, true>(p, unroll, kw, tw, s)
+                           : pick_unroll<T, BITS, 1, false>(p, unroll, kw, tw, s);
+  if (nt == 2) return zero ? pick_unroll<T, BITS, 2, true>(p, unroll, kw, tw, s)
+                           : pick_unroll<T, BITS, 2, false>(p, unroll, kw, tw, s);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+extern "C" {
+
+int ht_decode_mma_abi() { return 1; }
+
+// dtype: 0 fp16, 1 bf16.  Returns a cudaError_t (0: launched).
+// device: the CUDA device of every pointer and of stream (this library's runtime keeps its own current device).
+int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int kw, int tw, const void* w,
+                  const void* x, const void* scales, const void* zeros, const void* bias, int bias_f32, void* y,
+                  int out_f32, int M, int N, int K, int ldx, int ldy, int group_chunks, int groups,
+                  int chunks_per_warp, float out_scale, void* stream) {
+  if (M < 1 || M > 16 || kw < 1 || tw < 1 || 32 * kw * tw > 512) return cudaErrorInvalidValue;
+  cudaError_t err = cudaSetDevice(device);
+  if (err != cudaSuccess) return err;
+  Params p{static_cast<const uint4*>(w), x, static_cast<const float2*>(scales), static_cast<const float2*>(zeros),
+           bias, y, M, N, K, ldx, ldy, (K + 63) / 64, group_chunks, groups, chunks_per_warp, out_scale, bias_f32,
+           out_f32};
+  const int nt = M <= 8 ? 1 : 2;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (dtype == 0 && bits == 4) return pick_rest<__half, 4>(p, nt, zero, unroll, kw, tw, s);
+  if (dtype == 0 && bits == 8) return pick_rest<__half, 8>(p, nt, zero, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 4) return pick_rest<__nv_bfloat16, 4>(p, nt, zero, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 8) return pick_rest<__nv_bfloat16, 8>(p, nt, zero, unroll, kw, tw, s);
+  return cudaErrorInvalidValue;
+}
+
+const char* ht_error_string(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
+
+}  // extern "C"

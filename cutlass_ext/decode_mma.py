@@ -1,0 +1,217 @@
+"""The native decode GEMM for M <= 16 (``csrc/decode_mma.cu``): its weight layout, its launch, and a pure-torch
+model of what it computes.
+
+``repack(qw)`` turns a canonical QuantWeight (kpack32) into the kernel's layout once (cached on the weight by the
+backend): the codes as unsigned offsets in mma-fragment order, 16 bytes per thread per 64 K, and the scales /
+zero points as fp32 pairs (row g, row g + 8) per 16-row tile and scale group.  ``emulate`` replays the kernel's
+arithmetic fragment by fragment on any device, from the repacked tensors alone: the CPU tests prove the layout and
+the fragment mapping against the reference without a GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .native import check, library
+
+__all__ = ["Packed", "weight_reason", "repack", "run", "emulate", "CHUNK", "MAX_M"]
+
+CHUNK = 64      # K per 16-byte load of int4 codes (one 64-wide chunk: four k16 mma steps)
+MAX_M = 16      # two n-tiles of 8 tokens
+MAX_THREADS = 512
+
+
+def weight_reason(scheme, n: int, k: int) -> str | None:
+    """Why the kernel cannot take this weight format / shape (None if it can)."""
+    from humming_triton.formats.dtypes import IntType, WideFloat
+    w, sc = scheme.weight, scheme.scale
+    if scheme.act is not None:
+        return f"{scheme.name} quantizes its activations (this kernel takes 16-bit activations)"
+    if not isinstance(w, IntType) or w.bits not in (4, 8):
+        return f"weight type {w} (the native decode kernel takes int4 / int8 codes)"
+    if scheme.zero == "float":
+        return "float zero points (128 + z must be exact in the 16-bit activation type)"
+    if not isinstance(sc.dtype, WideFloat) or sc.global_scale:
+        return f"{sc.dtype} scales (the native decode kernel takes fp16 / bf16 / fp32 scales)"
+    if (sc.block_n or n) != 1:
+        return f"scale blocks of {sc.block_n} rows (one scale per row and group only)"
+    gk = scheme.group_k(k)
+    if gk != k and gk % CHUNK:
+        return f"scale group {gk} (groups of a multiple of {CHUNK} only, or one per row)"
+    if k % 16:
+        return f"K={k} is not a multiple of 16"
+    return None
+
+
+@dataclass
+class Packed:
+    """The kernel's view of one weight (2-D)."""
+    w: torch.Tensor          # int32 [tiles, chunks, loads, 32, 4]
+    scales: torch.Tensor     # fp32 [tiles, groups, 8, 2]
+    zeros: torch.Tensor | None  # fp32 like scales (the zero point per row), None: 2^(bits-1)
+    bits: int
+    n: int
+    k: int
+    group_chunks: int        # 0: one scale per row
+    groups: int
+
+    @property
+    def chunks(self) -> int:
+        return self.w.shape[1]
+
+
+def _fragment_map(bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For every code a thread holds -- [loads, lane, word, field] -- its row in the 16-row tile and its k in the
+    64-wide chunk, and the bit position of its field in the word.
+
+    int4 (one load): word s is mma step s; nibble p < 4 is the low half of A register p, nibble p + 4 its high
+    half; register p holds row g + 8 (p % 2), k = 16 t + 4 s + 2 (p // 2) + half.
+    int8 (two loads): load h holds steps 2h, 2h + 1; word i of it is step 2h + i // 2, row g + 8 (i % 2), and its
+    byte b is k = 16 t + 4 s + b.  (g = lane // 4, t = lane % 4; csrc/decode_mma.cu explains the k permutation.)"""
+    lane = torch.arange(32)
+    g, t = lane // 4, lane % 4
+    if bits == 4:
+        s = torch.arange(4).view(1, 1, 4, 1)
+        p = torch.arange(8).view(1, 1, 1, 8)
+        reg, half = p % 4, p // 4
+        row = g.view(1, 32, 1, 1) + 8 * (reg % 2)
+        k = 16 * t.view(1, 32, 1, 1) + 4 * s + 2 * (reg // 2) + half
+        shift = 4 * p
+    else:
+        h = torch.arange(2).view(2, 1, 1, 1)
+        i = torch.arange(4).view(1, 1, 4, 1)
+        b = torch.arange(4).view(1, 1, 1, 4)
+        s = 2 * h + i // 2
+        row = g.view(1, 32, 1, 1) + 8 * (i % 2)
+        k = 16 * t.view(1, 32, 1, 1) + 4 * s + b
+        shift = 8 * b
+    shape = torch.broadcast_shapes(row.shape, k.shape, shift.shape)
+    return row.expand(shape), k.expand(shape), shift.expand(shape)
+
+
+def _pairs(t: torch.Tensor, tiles: int) -> torch.Tensor:
+    """[N, G] per-row values -> [tiles, G, 8, 2]: (row g, row g + 8) of each 16-row tile."""
+    n, groups = t.shape
+    padded = t.new_zeros(tiles * 16, groups)
+    padded[:n] = t
+    return padded.view(tiles, 2, 8, groups).permute(0, 3, 2, 1).contiguous()
+
+
+_TILES_PER_STEP = 256  # repack this many 16-row tiles at a time (bounds the int64 temporaries)
+
+
+def repack(qw) -> Packed:
+    """The kernel's layout of a 2-D canonical QuantWeight, made on the weight's device (once per weight)."""
+    from humming_triton.formats.packing import unpack_codes
+    from humming_triton.formats.weight import decode_scales
+    why = weight_reason(qw.scheme, qw.N, qw.K)
+    if why or qw.data.dim() != 2:
+        raise ValueError(f"the native decode kernel cannot take this weight: {why or 'a 3-D (expert) weight'}")
+    bits, n, k = qw.scheme.bits, qw.N, qw.K
+    tiles, chunks = -(-n // 16), -(-k // CHUNK)
+    codes = unpack_codes(qw.data, bits, k)
+    if qw.scheme.weight.signed:  # two's complement -> unsigned offset u = v + 2^(bits-1)
+        codes = codes ^ (1 << (bits - 1))
+    row, kk, shift = (a.to(qw.device) for a in _fragment_map(bits))
+    loads, words = row.shape[0], row.shape[2]
+    out = torch.empty(tiles, chunks, loads, 32, 4, dtype=torch.int32, device=qw.device)
+    for t0 in range(0, tiles, _TILES_PER_STEP):
+        t1 = min(tiles, t0 + _TILES_PER_STEP)
+        block = torch.zeros((t1 - t0) * 16, chunks * CHUNK, dtype=torch.int64, device=qw.device)
+        rows = codes[t0 * 16:min(n, t1 * 16)]
+        block[:rows.shape[0], :k] = rows
+        # [tiles, 16, chunks, 64] -> [tiles, chunks, 16, 64] -> gather each field -> OR the fields of a word
+        block = block.view(t1 - t0, 16, chunks, CHUNK).transpose(1, 2)
+        fields = block[:, :, row, kk] << shift
+        word = fields.sum(-1)  # fields never overlap: the sum is the OR
+        out[t0:t1] = torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32).view(
+            t1 - t0, chunks, loads, 32, words)
+    gk = qw.scheme.group_k(k)
+    groups = 1 if gk == k else k // gk
+    scales = _pairs(decode_scales(qw.scales, qw.scheme).float().reshape(n, groups), tiles)
+    zeros = None
+    if qw.zeros is not None:
+        zeros = _pairs(qw.zeros.float().reshape(n, groups), tiles)
+    return Packed(out, scales, zeros, bits, n, k, 0 if groups == 1 else gk // CHUNK, groups)
+
+
+def split(p: Packed, kw: int) -> int:
+    """Chunks per warp when ``kw`` warps split K (whole scale groups each)."""
+    if p.group_chunks == 0:
+        return -(-p.chunks // kw)
+    return -(-p.groups // kw) * p.group_chunks
+
+
+_DTYPES = {torch.float16: 0, torch.bfloat16: 1}
+
+
+def run(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None, out: torch.Tensor, kw: int = 8, tw: int = 1,
+        unroll: int = 2, out_scale: float = 1.0) -> torch.Tensor:
+    """``out[M, N] = x2[M, K] @ W^T (+ bias)`` on torch's current stream.  ``x2``: contiguous rows, fp16 / bf16,
+    16-byte aligned; ``out``: the activation type or fp32, unit column stride."""
+    m = x2.shape[0]
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"the native decode kernel takes 1..{MAX_M} rows, got {m}")
+    if x2.dtype not in _DTYPES:
+        raise TypeError(f"the native decode kernel takes fp16 / bf16 activations, got {x2.dtype}")
+    if x2.stride(-1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
+        raise ValueError("x rows must be contiguous and 16-byte aligned")
+    if out.dtype not in (x2.dtype, torch.float32) or out.stride(-1) != 1:
+        raise ValueError(f"out must be {x2.dtype} or fp32 with unit column stride")
+    if 32 * kw * tw > MAX_THREADS:
+        raise ValueError(f"{kw} x {tw} warps exceed {MAX_THREADS} threads per block")
+    if bias is not None and bias.dtype not in (x2.dtype, torch.float32):
+        bias = bias.float()
+    dev = x2.device
+    err = library().ht_decode_mma(
+        dev.index if dev.index is not None else torch.cuda.current_device(), _DTYPES[x2.dtype], p.bits,
+        int(p.zeros is not None), unroll, kw, tw, p.w.data_ptr(), x2.data_ptr(), p.scales.data_ptr(),
+        None if p.zeros is None else p.zeros.data_ptr(), None if bias is None else bias.data_ptr(),
+        int(bias is not None and bias.dtype == torch.float32), out.data_ptr(), int(out.dtype == torch.float32), m,
+        p.n, p.k, x2.stride(0), out.stride(0), p.group_chunks, p.groups, split(p, kw), out_scale,
+        torch.cuda.current_stream(dev).cuda_stream)
+    check(err, "the native decode kernel")
+    return out
+
+
+def emulate(x2: torch.Tensor, p: Packed) -> torch.Tensor:
+    """What the kernel computes, replayed in float64 from the repacked tensors alone, register by register: each
+    lane's A registers decoded as the kernel decodes them, placed where PTX's m16n8k16 fragment layout puts them
+    (a_r: row g + 8 (r % 2), column 2t + 8 (r // 2) + half; b_j: column 2t + 8 j + half of token g), one product per
+    mma step, zero point and scale per group.  Independent of ``_fragment_map``: it checks the repack against the
+    hardware's fragment semantics.  [M, N] float64, no bias."""
+    dev = p.w.device
+    tiles, chunks = p.w.shape[:2]
+    words = (p.w.to(torch.int64) & 0xFFFFFFFF).reshape(tiles, chunks, -1, 32, 4)  # [.., loads, lane, word]
+    lane = torch.arange(32, device=dev)
+    g, t = lane // 4, lane % 4
+    a = torch.zeros(tiles, chunks, 4, 16, 16, dtype=torch.float64, device=dev)  # [.., step, row, kappa]
+    for s in range(4):
+        for r in range(4):
+            for half in range(2):
+                if p.bits == 4:  # register r: nibbles r (low half) and r + 4 (high half) of word s
+                    field = (words[:, :, 0, :, s] >> (4 * (r + 4 * half))) & 0xF
+                else:  # rows g / g + 8 in words 2 (s % 2) / + 1 of load s // 2; register r // 2 picks bytes 0-1 / 2-3
+                    word = words[:, :, s // 2, :, 2 * (s % 2) + r % 2]
+                    field = (word >> (8 * (2 * (r // 2) + half))) & 0xFF
+                a[:, :, s, g + 8 * (r % 2), 2 * t + 8 * (r // 2) + half] = field.double()
+    m = x2.shape[0]
+    xk = torch.zeros(m, chunks * CHUNK, dtype=torch.float64, device=dev)
+    xk[:, :p.k] = x2.double()
+    kappa = torch.arange(16, device=dev)
+    tq, j, half = (kappa % 8) // 2, kappa // 8, kappa % 2  # lane quad position, register b_j, half
+    c = torch.arange(chunks, device=dev).view(-1, 1, 1)
+    s = torch.arange(4, device=dev).view(1, -1, 1)
+    b = xk[:, CHUNK * c + 16 * tq + 4 * s + 2 * j + half]  # [M, chunks, step, kappa]: what lane loads as b_j
+    zero = p.zeros if p.zeros is not None else torch.full_like(p.scales, float(1 << (p.bits - 1)))
+
+    def per_row(v):  # [tiles, G, 8, 2] -> [tiles, G, 16]
+        return v.permute(0, 1, 3, 2).reshape(tiles, v.shape[1], 16).double()
+
+    gc = chunks if p.group_chunks == 0 else p.group_chunks
+    grp = torch.arange(chunks, device=dev) // gc
+    a = a - per_row(zero)[:, grp][:, :, None, :, None]  # (u - c): exact small integers, as in the kernel
+    part = torch.einsum("tcsrk,mcsk->tcrm", a, b)  # one product per mma step, summed over the chunk's steps
+    y = (part * per_row(p.scales)[:, grp][..., None]).sum(1)  # [tiles, 16, M]
+    return y.reshape(tiles * 16, m)[:p.n].T

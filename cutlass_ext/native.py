@@ -1,0 +1,51 @@
+"""Finding, loading and calling the native library (``_build/libht_native.so``, made by ``cutlass_ext.build``)."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+__all__ = ["library_path", "library", "unavailable", "check"]
+
+ABI = 1  # ht_decode_mma_abi() of the library this module calls; a stale build is refused, not mis-called
+
+
+def library_path() -> Path:
+    return Path(os.environ.get("HT_NATIVE_LIB", Path(__file__).resolve().parent / "_build" / "libht_native.so"))
+
+
+@functools.lru_cache(maxsize=None)
+def _load() -> tuple[ctypes.CDLL | None, str | None]:
+    path = library_path()
+    if not path.exists():
+        return None, f"the native library is not built ({path}; build it with: python3 -m cutlass_ext.build)"
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        return None, f"the native library {path} does not load: {e}"
+    if lib.ht_decode_mma_abi() != ABI:
+        return None, f"the native library {path} is stale (ABI {lib.ht_decode_mma_abi()}, need {ABI}): rebuild it"
+    i, p, f = ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+    lib.ht_decode_mma.argtypes = [i, i, i, i, i, i, i, p, p, p, p, p, i, p, i, i, i, i, i, i, i, i, i, f, p]
+    lib.ht_decode_mma.restype = i
+    lib.ht_error_string.argtypes = [i]
+    lib.ht_error_string.restype = ctypes.c_char_p
+    return lib, None
+
+
+def unavailable() -> str | None:
+    """None when the native library is built and loads, else why not."""
+    return _load()[1]
+
+
+def library() -> ctypes.CDLL:
+    lib, why = _load()
+    if lib is None:
+        raise RuntimeError(why)
+    return lib
+
+
+def check(err: int, what: str) -> None:
+    if err:
+        raise RuntimeError(f"{what} failed: CUDA error {err} ({library().ht_error_string(err).decode()})")

@@ -1,0 +1,66 @@
+"""``mma_decode``: the native CUDA decode GEMM for M <= 16 (``cutlass_ext/csrc/decode_mma.cu``): int4 / int8
+weights with per-row group or channel scales (and integer zero points), fp16 / bf16 activations, mma.sync with
+the tokens on the MMA's N side, K split across the warps of a CTA.  Backend ``cuda``; ``auto`` runs it only where
+the device's measured table says it is fastest."""
+from __future__ import annotations
+
+import torch
+
+from ...calls import Call, KernelConfig
+from . import Family, register
+
+MAX_M = 16
+# (warps splitting K, 16-row tiles per CTA, chunks in flight per warp).  Two token tiles (M > 8) hold twice the
+# activation registers: they take one or two chunks in flight (four spill on sm_90)
+_ONE_TILE = [(4, 1, 4), (8, 1, 2), (8, 1, 4), (16, 1, 2), (16, 1, 4), (4, 2, 4), (8, 2, 2), (2, 4, 4), (4, 4, 2),
+             (16, 1, 1), (8, 1, 1), (4, 1, 2)]
+_TWO_TILES = [(4, 1, 2), (8, 1, 2), (16, 1, 2), (8, 1, 1), (16, 1, 1), (4, 2, 2), (8, 2, 1), (2, 4, 2), (4, 4, 1)]
+
+
+def packed_view(qw):
+    """The kernel's layout of ``qw`` (cutlass_ext.decode_mma.repack), made once and cached on the weight."""
+    from cutlass_ext.decode_mma import repack
+    state = qw.cache.setdefault("cuda", {})
+    if "decode_mma" not in state:
+        state["decode_mma"] = repack(qw)
+    return state["decode_mma"]
+
+
+class MMADecode(Family):
+    name = "mma_decode"
+    backend = "cuda"
+
+    def reason(self, call: Call) -> str | None:
+        from cutlass_ext.decode_mma import weight_reason
+        if call.op != "quant_linear" or call.experts:
+            return "the native decode kernel runs dense linear layers"
+        if call.m > MAX_M:
+            return f"M={call.m} (the native decode kernel takes M <= {MAX_M})"
+        if call.dtype not in (torch.float16, torch.bfloat16):
+            return f"{call.dtype} activations (fp16 / bf16 only)"
+        return weight_reason(call.scheme, call.n, call.k)
+
+    def mma(self, call: Call) -> str:
+        return "fp16" if call.dtype == torch.float16 else "bf16"
+
+    def candidates(self, call: Call) -> list[KernelConfig]:
+        grid = _ONE_TILE if call.m <= 8 else _TWO_TILES
+        return [KernelConfig("mma_decode", 16, 16 * tw, 64, kw, 8, kw * tw, u) for kw, tw, u in grid]
+
+    def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
+        from cutlass_ext.decode_mma import run
+        m, n = x2.shape[0], qw.N
+        y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x2.device)
+        if m == 0:
+            return y
+        if x2.stride(0) % 8 or x2.data_ptr() % 16:  # the kernel loads 16-byte vectors of x
+            x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
+        target = y if y.dtype in (x2.dtype, torch.float32) and y.stride(-1) == 1 else \
+            torch.empty(m, n, dtype=torch.float32, device=x2.device)
+        run(x2, packed_view(qw), bias, target, kw=cfg.split_k, tw=cfg.block_n // 16, unroll=cfg.num_stages)
+        if target is not y:
+            y.copy_(target)
+        return y
+
+
+register(MMADecode())

@@ -1,0 +1,146 @@
+"""The native CUDA decode GEMM (``cutlass_ext``, family ``mma_decode``, backend ``cuda``).
+
+CPU: the repacked layout replayed register by register through PTX's mma fragment layout (``emulate``) equals the
+reference on odd shapes for every format the kernel takes; unsupported formats get a reason, never a wrong answer.
+GPU (``-m gpu``): the kernel itself against the reference, every candidate config, fp16 / bf16, M = 1..16,
+bias, fp32 out, poisoned outputs.
+"""
+import pytest
+import torch
+
+import humming_triton as ht
+from cutlass_ext import decode_mma as dm
+from humming_triton.testing import assert_linear_close, poison_like
+
+FORMATS = ["w4a16", "w4a16-asym", "w8a16", "w8a16-asym", "weight=int4,scale=bf16:g64",
+           "weight=int8,scale=fp16:g128,zero=none", "weight=uint4,scale=fp32:g256,zero=int"]
+SHAPES = [(37, 512), (100, 1280), (16, 256)]  # odd N (a partial 16-row tile), K a multiple of every group
+CHANNEL_ODD_K = [("w8a16", (50, 208)), ("weight=int4,scale=fp16:channel", (24, 400))]  # K % 64 != 0
+
+
+def _weight(scheme, n, k, rng):
+    w = torch.randn(n, k, generator=rng) * 0.05
+    return ht.quantize_weight(w, scheme, bias=torch.randn(n, generator=rng))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_emulated_kernel_matches_reference(fmt, shape, rng):
+    qw = _weight(fmt, *shape, rng)
+    p = dm.repack(qw)
+    for m in (1, 7, 16):
+        x = torch.randn(m, shape[1], generator=rng)
+        ref = ht.reference_linear(x, qw, out_dtype=torch.float32).double() - qw.bias.double()
+        got = dm.emulate(x, p)
+        assert_linear_close(got, ref, x, ht.dequantize_weight(qw), torch.float32, f"{fmt} {shape} M={m}")
+
+
+@pytest.mark.parametrize("fmt,shape", CHANNEL_ODD_K)
+def test_emulated_kernel_pads_k(fmt, shape, rng):
+    qw = _weight(fmt, *shape, rng)
+    x = torch.randn(3, shape[1], generator=rng)
+    ref = ht.reference_linear(x, qw, out_dtype=torch.float32).double() - qw.bias.double()
+    assert_linear_close(dm.emulate(x, dm.repack(qw)), ref, x, ht.dequantize_weight(qw), torch.float32, fmt)
+
+
+@pytest.mark.parametrize("fmt,why", [
+    ("mxfp4", "weight type e2m1"), ("w4a8-fp8", "quantizes its activations"), ("w1a16", "weight type uint1"),
+    ("weight=int4,scale=fp16:g32", "scale group 32"), ("w8a16-fp8-block", "weight type e4m3fn"),
+])
+def test_unsupported_formats_have_a_reason(fmt, why):
+    scheme = ht.QuantScheme.parse(fmt)
+    assert why in dm.weight_reason(scheme, 256, 1024)
+    qw = ht.quantize_weight(torch.randn(32, 256), scheme)
+    with pytest.raises(ValueError, match="cannot take this weight"):
+        dm.repack(qw)
+
+
+def test_family_is_registered_for_the_cuda_backend():
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    fam = families.get("mma_decode")
+    assert fam.backend == "cuda"
+    call = Call("quant_linear", ht.QuantScheme.parse("w4a16"), torch.bfloat16, 4, 8192, 8192)
+    assert fam.reason(call) is None and fam.mma(call) == "bf16"
+    cands = fam.candidates(call)
+    assert cands and all(c.num_warps == c.split_k * c.block_n // 16 and c.num_warps * 32 <= 512 for c in cands)
+    assert "M=17" in fam.reason(Call("quant_linear", call.scheme, torch.bfloat16, 17, 8192, 8192))
+    assert "float32" in fam.reason(Call("quant_linear", call.scheme, torch.float32, 4, 8192, 8192))
+
+
+def test_backend_says_why_without_the_library(monkeypatch, tmp_path):
+    from cutlass_ext import native
+    from humming_triton import backends
+    from humming_triton.calls import Call
+    monkeypatch.setenv("HT_NATIVE_LIB", str(tmp_path / "missing.so"))
+    native._load.cache_clear()
+    try:
+        call = Call("quant_linear", ht.QuantScheme.parse("w4a16"), torch.bfloat16, 4, 256, 256)
+        assert "python3 -m cutlass_ext.build" in backends.get("cuda").reason(call)
+        with pytest.raises(RuntimeError, match="not built"):
+            native.library()
+    finally:
+        native._load.cache_clear()
+
+
+def test_build_command_names_every_arch_and_ptx():
+    from cutlass_ext.build import command
+    from pathlib import Path
+    cmd = command(["80", "90"], Path("/tmp/x.so"))
+    assert "-gencode=arch=compute_80,code=sm_80" in cmd and "-gencode=arch=compute_90,code=compute_90" in cmd
+    assert any(s.endswith("decode_mma.cu") for s in cmd)
+
+
+# ---- the kernel on the GPU ------------------------------------------------------------------------------------
+
+GPU_CASES = [(fmt, shape) for fmt in FORMATS for shape in SHAPES[:2]] + CHANNEL_ODD_K
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,shape", GPU_CASES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_kernel_matches_reference(fmt, shape, dtype, rng):
+    from cutlass_ext import native
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    if native.unavailable():
+        pytest.fail(native.unavailable())  # asked for GPU tests: a missing build is a failure, not a skip
+    fam = families.get("mma_decode")
+    n, k = shape
+    qw = _weight(fmt, n, k, rng).to("cuda")
+    w_hat = ht.dequantize_weight(qw.to("cpu"))
+    for m in (1, 2, 5, 8, 9, 16):
+        x = torch.randn(m, k, generator=rng).to(dtype)
+        ref = ht.reference_linear(x, qw.to("cpu"), out_dtype=torch.float32).double()
+        call = Call("quant_linear", qw.scheme, dtype, m, n, k)
+        assert fam.reason(call) is None
+        for cfg in fam.candidates(call):
+            out = poison_like(torch.empty(m, n, dtype=dtype, device="cuda"))
+            y = fam.run(x.cuda(), x.cuda(), qw, qw.bias, dtype, cfg, out)
+            assert y.data_ptr() == out.data_ptr()
+            assert_linear_close(y.cpu(), ref, x.float(), w_hat, dtype, f"{fmt} {shape} {dtype} M={m} {cfg.describe()}")
+        # fp32 output and a bias of the activation type
+        out = poison_like(torch.empty(m, n, dtype=torch.float32, device="cuda"))
+        y = fam.run(x.cuda(), x.cuda(), qw, qw.bias.to(dtype).cuda(), torch.float32, fam.candidates(call)[0], out)
+        ref16 = ref - qw.bias.double() + qw.bias.to(dtype).double()
+        assert_linear_close(y.cpu(), ref16, x.float(), w_hat, dtype, f"{fmt} {shape} fp32 out M={m}")
+
+
+@pytest.mark.gpu
+def test_backend_cuda_through_the_op_and_graph_replay(rng):
+    from cutlass_ext import native
+    if native.unavailable():
+        pytest.fail(native.unavailable())
+    qw = _weight("w4a16", 4096, 2048, rng).to("cuda")
+    x = torch.randn(3, 2048, generator=rng).to(torch.bfloat16).cuda()
+    y = ht.quant_linear(x, qw, backend="cuda")
+    ref = ht.reference_linear(x.cpu(), qw.to("cpu"), out_dtype=torch.float32).double()
+    assert_linear_close(y.cpu(), ref, x.cpu().float(), ht.dequantize_weight(qw.to("cpu")), torch.bfloat16, "op")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        yg = ht.quant_linear(x, qw, backend="cuda")
+    x.copy_(torch.randn(3, 2048, generator=rng).to(torch.bfloat16))
+    g.replay()
+    torch.cuda.synchronize()
+    ref = ht.reference_linear(x.cpu(), qw.to("cpu"), out_dtype=torch.float32).double()
+    assert_linear_close(yg.cpu(), ref, x.cpu().float(), ht.dequantize_weight(qw.to("cpu")), torch.bfloat16, "graph")
