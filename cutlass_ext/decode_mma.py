@@ -22,14 +22,31 @@ MAX_M = 16      # two n-tiles of 8 tokens
 MAX_THREADS = 512
 
 
-def weight_reason(scheme, n: int, k: int) -> str | None:
-    """Why the kernel cannot take this weight format / shape (None if it can)."""
+FP4_KINDS = {("e8m0", 32, False): 40, ("e4m3fn", 16, True): 41}  # (scale type, group, global scale) -> kind
+
+
+def fp4_kind(scheme) -> int | None:
+    """40 (MXFP4: e2m1 with e8m0 scales per 32) / 41 (NVFP4: e4m3 per 16 and a global scale), else None."""
+    w, sc = scheme.weight, scheme.scale
+    if str(w) != "e2m1" or (sc.block_n or 0) != 1:
+        return None
+    return FP4_KINDS.get((str(sc.dtype), sc.block_k, bool(sc.global_scale)))
+
+
+def weight_reason(scheme, n: int, k: int, dtype=None) -> str | None:
+    """Why the kernel cannot take this weight format / shape (None if it can); ``dtype``: the activations'."""
     from humming_triton.formats.dtypes import IntType, WideFloat
     w, sc = scheme.weight, scheme.scale
     if scheme.act is not None:
         return f"{scheme.name} quantizes its activations (this kernel takes 16-bit activations)"
+    if str(w) == "e2m1" and scheme.act is None:
+        if fp4_kind(scheme) is None:
+            return f"e2m1 with {sc} scales (MXFP4 e8m0:g32 and NVFP4 e4m3fn:g16+global only)"
+        if dtype is not None and dtype != torch.bfloat16:
+            return f"e2m1 weights with {dtype} activations (bf16 only: block scales can leave fp16's range)"
+        return None if k % 16 == 0 else f"K={k} is not a multiple of 16"
     if not isinstance(w, IntType) or w.bits not in (4, 8):
-        return f"weight type {w} (the native decode kernel takes int4 / int8 codes)"
+        return f"weight type {w} (the native decode kernel takes int4 / int8 codes and MX / NV e2m1)"
     if scheme.zero == "float":
         return "float zero points (128 + z must be exact in the 16-bit activation type)"
     if not isinstance(sc.dtype, WideFloat) or sc.global_scale:
@@ -50,11 +67,17 @@ class Packed:
     w: torch.Tensor          # int32 [tiles, chunks, loads, 32, 4]
     scales: torch.Tensor     # fp32 [tiles, groups, 8, 2]
     zeros: torch.Tensor | None  # fp32 like scales (the zero point per row), None: 2^(bits-1)
-    bits: int
+    bits: int                # 4 / 8; e2m1 kinds: 40 (MX), 41 (NV)
     n: int
     k: int
-    group_chunks: int        # 0: one scale per row
+    group_chunks: int        # 0: one scale per row (and every e2m1 kind: its scales travel in fp4_scales)
     groups: int
+    fp4_scales: torch.Tensor | None = None  # uint8 [tiles, chunks, 32, 2]: block-scale codes of rows g, g + 8
+    out_scale: float = 1.0   # the NVFP4 global scale
+
+    @property
+    def code_bits(self) -> int:
+        return 4 if self.bits >= 40 else self.bits
 
     @property
     def chunks(self) -> int:
@@ -109,11 +132,12 @@ def repack(qw) -> Packed:
     if why or qw.data.dim() != 2:
         raise ValueError(f"the native decode kernel cannot take this weight: {why or 'a 3-D (expert) weight'}")
     bits, n, k = qw.scheme.bits, qw.N, qw.K
+    kind = fp4_kind(qw.scheme)
     tiles, chunks = -(-n // 16), -(-k // CHUNK)
     codes = unpack_codes(qw.data, bits, k)
-    if qw.scheme.weight.signed:  # two's complement -> unsigned offset u = v + 2^(bits-1)
+    if kind is None and qw.scheme.weight.signed:  # two's complement -> unsigned offset u = v + 2^(bits-1)
         codes = codes ^ (1 << (bits - 1))
-    row, kk, shift = (a.to(qw.device) for a in _fragment_map(bits))
+    row, kk, shift = (a.to(qw.device) for a in _fragment_map(4 if kind else bits))
     loads, words = row.shape[0], row.shape[2]
     out = torch.empty(tiles, chunks, loads, 32, 4, dtype=torch.int32, device=qw.device)
     for t0 in range(0, tiles, _TILES_PER_STEP):
@@ -127,6 +151,10 @@ def repack(qw) -> Packed:
         word = fields.sum(-1)  # fields never overlap: the sum is the OR
         out[t0:t1] = torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32).view(
             t1 - t0, chunks, loads, 32, words)
+    if kind is not None:
+        return Packed(out, torch.ones(1, 1, 8, 2, device=qw.device), None, kind, n, k, 0, 1,
+                      _fp4_scale_codes(qw, tiles, chunks), float(qw.global_scale) if qw.global_scale is not None
+                      else 1.0)
     gk = qw.scheme.group_k(k)
     groups = 1 if gk == k else k // gk
     scales = _pairs(decode_scales(qw.scales, qw.scheme).float().reshape(n, groups), tiles)
@@ -134,6 +162,25 @@ def repack(qw) -> Packed:
     if qw.zeros is not None:
         zeros = _pairs(qw.zeros.float().reshape(n, groups), tiles)
     return Packed(out, scales, zeros, bits, n, k, 0 if groups == 1 else gk // CHUNK, groups)
+
+
+_ONE = {"e8m0": 127, "e4m3fn": 0x38}  # the code of 1.0: padding (a NaN scale times a zero code is still NaN)
+
+
+def _fp4_scale_codes(qw, tiles: int, chunks: int) -> torch.Tensor:
+    """[tiles, chunks, 32, 2] uint8: lane (g, t) of chunk c holds k in [64 c + 16 t, +16) -- one block of 16 or
+    32 -- and needs that block's scale codes for rows g and g + 8."""
+    n, gk = qw.N, qw.scheme.scale.block_k
+    codes = torch.full((tiles * 16, chunks * CHUNK // gk), _ONE[str(qw.scheme.scale.dtype)], dtype=torch.uint8,
+                       device=qw.device)
+    codes[:n, :qw.scales.shape[-1]] = qw.scales
+    lane = torch.arange(32, device=qw.device)
+    g, t = lane // 4, lane % 4
+    c = torch.arange(chunks, device=qw.device).view(-1, 1)
+    blk = (CHUNK * c + 16 * t) // gk                     # [chunks, 32]
+    rows = torch.arange(tiles, device=qw.device).view(-1, 1, 1) * 16 + g  # [tiles, 1, 32]
+    lo, hi = codes[rows, blk[None]], codes[rows + 8, blk[None]]
+    return torch.stack([lo, hi], -1).contiguous()
 
 
 def split(p: Packed, kw: int) -> int:
@@ -167,9 +214,10 @@ def run(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None, out: torch.Tenso
     err = library().ht_decode_mma(
         dev.index if dev.index is not None else torch.cuda.current_device(), _DTYPES[x2.dtype], p.bits,
         int(p.zeros is not None), unroll, kw, tw, p.w.data_ptr(), x2.data_ptr(), p.scales.data_ptr(),
-        None if p.zeros is None else p.zeros.data_ptr(), None if bias is None else bias.data_ptr(),
+        None if p.zeros is None else p.zeros.data_ptr(),
+        None if p.fp4_scales is None else p.fp4_scales.data_ptr(), None if bias is None else bias.data_ptr(),
         int(bias is not None and bias.dtype == torch.float32), out.data_ptr(), int(out.dtype == torch.float32), m,
-        p.n, p.k, x2.stride(0), out.stride(0), p.group_chunks, p.groups, split(p, kw), out_scale,
+        p.n, p.k, x2.stride(0), out.stride(0), p.group_chunks, p.groups, split(p, kw), out_scale * p.out_scale,
         torch.cuda.current_stream(dev).cuda_stream)
     check(err, "the native decode kernel")
     return out
@@ -187,15 +235,23 @@ def emulate(x2: torch.Tensor, p: Packed) -> torch.Tensor:
     lane = torch.arange(32, device=dev)
     g, t = lane // 4, lane % 4
     a = torch.zeros(tiles, chunks, 4, 16, 16, dtype=torch.float64, device=dev)  # [.., step, row, kappa]
+    fp4 = p.bits >= 40
+    if fp4:
+        from humming_triton.formats.dtypes import parse_element_type
+        table = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64,
+                             device=dev)
+        sc = p.fp4_scales.to(torch.int64)  # [tiles, chunks, lane, (row g, row g + 8)]
+        sval = torch.exp2(sc.double() - 127) if p.bits == 40 else parse_element_type("e4m3fn").decode(sc).double()
     for s in range(4):
         for r in range(4):
             for half in range(2):
-                if p.bits == 4:  # register r: nibbles r (low half) and r + 4 (high half) of word s
+                if p.code_bits == 4:  # register r: nibbles r (low half) and r + 4 (high half) of word s
                     field = (words[:, :, 0, :, s] >> (4 * (r + 4 * half))) & 0xF
                 else:  # rows g / g + 8 in words 2 (s % 2) / + 1 of load s // 2; register r // 2 picks bytes 0-1 / 2-3
                     word = words[:, :, s // 2, :, 2 * (s % 2) + r % 2]
                     field = (word >> (8 * (2 * (r // 2) + half))) & 0xFF
-                a[:, :, s, g + 8 * (r % 2), 2 * t + 8 * (r // 2) + half] = field.double()
+                val = field.double() if not fp4 else table[field] * sval[:, :, :, r % 2]  # the lane's block scale
+                a[:, :, s, g + 8 * (r % 2), 2 * t + 8 * (r // 2) + half] = val
     m = x2.shape[0]
     xk = torch.zeros(m, chunks * CHUNK, dtype=torch.float64, device=dev)
     xk[:, :p.k] = x2.double()
@@ -204,6 +260,8 @@ def emulate(x2: torch.Tensor, p: Packed) -> torch.Tensor:
     c = torch.arange(chunks, device=dev).view(-1, 1, 1)
     s = torch.arange(4, device=dev).view(1, -1, 1)
     b = xk[:, CHUNK * c + 16 * tq + 4 * s + 2 * j + half]  # [M, chunks, step, kappa]: what lane loads as b_j
+    if fp4:
+        return torch.einsum("tcsrk,mcsk->tcrm", a, b).sum(1).reshape(tiles * 16, m)[:p.n].T * p.out_scale
     zero = p.zeros if p.zeros is not None else torch.full_like(p.scales, float(1 << (p.bits - 1)))
 
     def per_row(v):  # [tiles, G, 8, 2] -> [tiles, G, 16]

@@ -15,10 +15,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import humming_triton as ht  # noqa: E402
 from humming_triton.calls import Call, KernelConfig  # noqa: E402
+from humming_triton.dispatch import last_plan  # noqa: E402
 from humming_triton.kernels import families  # noqa: E402
 
 SHAPES = [("w4a16", 8192, 8192), ("w4a16", 4096, 14336), ("w4a16", 14336, 4096), ("w4a16", 28672, 4096),
-          ("w8a16", 8192, 8192), ("w4a16-asym", 8192, 8192)]
+          ("w8a16", 8192, 8192), ("w4a16-asym", 8192, 8192), ("mxfp4", 8192, 8192), ("nvfp4", 8192, 8192)]
 
 
 def _case(scheme, n, k, m):
@@ -31,7 +32,7 @@ def _case(scheme, n, k, m):
 def profile() -> None:
     fam = families.get("mma_decode")
     for scheme, m, cfg in [("w4a16", 1, KernelConfig("mma_decode", 16, 16, 64, 8, 8, 8, 4)),
-                           ("w4a16", 16, KernelConfig("mma_decode", 16, 16, 64, 8, 8, 8, 2))]:
+                           ("mxfp4", 1, KernelConfig("mma_decode", 16, 16, 64, 8, 8, 8, 4))]:
         qw, x = _case(scheme, 8192, 8192, m)
         out = torch.empty(m, 8192, dtype=x.dtype, device="cuda")
         for _ in range(4):
@@ -67,7 +68,7 @@ def sweep(ms, out_path) -> None:
             timed.sort()
             best = timed[0]
             row = {"scheme": scheme, "n": n, "k": k, "m": m, "best_us": best[0], "best": best[1], "rel_err": best[2],
-                   "auto_us": auto_us, "auto": ht.last_plan(), "floor_us": f_us, "weight_bytes": wbytes,
+                   "auto_us": auto_us, "auto": last_plan(), "floor_us": f_us, "weight_bytes": wbytes,
                    "all": [[round(u, 2), d, e] for u, d, e in timed]}
             rows.append(row)
             print(f"{scheme:11s} {n:5d}x{k:<5d} M={m:2d}  native {best[0]:6.1f} us ({best[1]}, err {best[2]:.1e})  "

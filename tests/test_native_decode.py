@@ -13,9 +13,11 @@ from cutlass_ext import decode_mma as dm
 from humming_triton.testing import assert_linear_close, poison_like
 
 FORMATS = ["w4a16", "w4a16-asym", "w8a16", "w8a16-asym", "weight=int4,scale=bf16:g64",
-           "weight=int8,scale=fp16:g128,zero=none", "weight=uint4,scale=fp32:g256,zero=int"]
+           "weight=int8,scale=fp16:g128,zero=none", "weight=uint4,scale=fp32:g256,zero=int", "mxfp4", "nvfp4"]
+FP4 = ("mxfp4", "nvfp4")  # bf16 activations only
 SHAPES = [(37, 512), (100, 1280), (16, 256)]  # odd N (a partial 16-row tile), K a multiple of every group
-CHANNEL_ODD_K = [("w8a16", (50, 208)), ("weight=int4,scale=fp16:channel", (24, 400))]  # K % 64 != 0
+CHANNEL_ODD_K = [("w8a16", (50, 208)), ("weight=int4,scale=fp16:channel", (24, 400)),  # K % 64 != 0
+                 ("nvfp4", (24, 208)), ("mxfp4", (40, 224))]
 
 
 def _weight(scheme, n, k, rng):
@@ -44,7 +46,8 @@ def test_emulated_kernel_pads_k(fmt, shape, rng):
 
 
 @pytest.mark.parametrize("fmt,why", [
-    ("mxfp4", "weight type e2m1"), ("w4a8-fp8", "quantizes its activations"), ("w1a16", "weight type uint1"),
+    ("weight=e2m1,scale=fp16:g32", "MXFP4 e8m0:g32 and NVFP4"), ("w4a8-fp8", "quantizes its activations"),
+    ("w1a16", "weight type uint1"),
     ("weight=int4,scale=fp16:g32", "scale group 32"), ("w8a16-fp8-block", "weight type e4m3fn"),
 ])
 def test_unsupported_formats_have_a_reason(fmt, why):
@@ -53,6 +56,12 @@ def test_unsupported_formats_have_a_reason(fmt, why):
     qw = ht.quantize_weight(torch.randn(32, 256), scheme)
     with pytest.raises(ValueError, match="cannot take this weight"):
         dm.repack(qw)
+
+
+def test_fp4_takes_bf16_activations_only():
+    scheme = ht.QuantScheme.parse("mxfp4")
+    assert dm.weight_reason(scheme, 256, 1024, torch.bfloat16) is None
+    assert "bf16 only" in dm.weight_reason(scheme, 256, 1024, torch.float16)
 
 
 def test_family_is_registered_for_the_cuda_backend():
@@ -93,12 +102,12 @@ def test_build_command_names_every_arch_and_ptx():
 
 # ---- the kernel on the GPU ------------------------------------------------------------------------------------
 
-GPU_CASES = [(fmt, shape) for fmt in FORMATS for shape in SHAPES[:2]] + CHANNEL_ODD_K
+GPU_CASES = [(fmt, shape, dtype) for fmt, shape in [(f, s) for f in FORMATS for s in SHAPES[:2]] + CHANNEL_ODD_K
+             for dtype in (torch.float16, torch.bfloat16) if not (fmt in FP4 and dtype == torch.float16)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt,shape", GPU_CASES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fmt,shape,dtype", GPU_CASES)
 def test_kernel_matches_reference(fmt, shape, dtype, rng):
     from cutlass_ext import native
     from humming_triton.calls import Call
@@ -122,7 +131,7 @@ def test_kernel_matches_reference(fmt, shape, dtype, rng):
         # fp32 output and a bias of the activation type
         out = poison_like(torch.empty(m, n, dtype=torch.float32, device="cuda"))
         y = fam.run(x.cuda(), x.cuda(), qw, qw.bias.to(dtype).cuda(), torch.float32, fam.candidates(call)[0], out)
-        ref16 = ref - qw.bias.double() + qw.bias.to(dtype).double()
+        ref16 = ref - qw.bias.double().cpu() + qw.bias.to(dtype).double().cpu()
         assert_linear_close(y.cpu(), ref16, x.float(), w_hat, dtype, f"{fmt} {shape} fp32 out M={m}")
 
 

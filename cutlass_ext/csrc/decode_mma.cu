@@ -43,9 +43,9 @@ template <>
 struct Act<__half> {
   static constexpr uint32_t MAGIC16 = 0x64006400u;  // 1024.0 in both halves: 1024 + u is exact for u < 1024
   static constexpr float MAGIC = 1024.0f;
-  static __device__ __forceinline__ uint32_t sub2(uint32_t a, uint32_t b) {
+  static __device__ __forceinline__ uint32_t add2(uint32_t a, uint32_t b) {
     uint32_t d;
-    asm("sub.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    asm("add.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
   }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
@@ -67,12 +67,11 @@ template <>
 struct Act<__nv_bfloat16> {
   static constexpr uint32_t MAGIC16 = 0x43004300u;  // 128.0 in both halves: 128 + u is exact for u < 128
   static constexpr float MAGIC = 128.0f;
-  static __device__ __forceinline__ uint32_t sub2(uint32_t a, uint32_t b) {
-    uint32_t d;  // a - b as a * 1 + (-b): sm_80 has fma.rn.bf16x2
-    asm("{ .reg .b32 one, nb;\n"
+  static __device__ __forceinline__ uint32_t add2(uint32_t a, uint32_t b) {
+    uint32_t d;  // a * 1 + b: sm_80 has fma.rn.bf16x2 (ptxas makes it an HADD2)
+    asm("{ .reg .b32 one;\n"
         "  mov.b32 one, 0x3f803f80;\n"
-        "  xor.b32 nb, %2, 0x80008000;\n"
-        "  fma.rn.bf16x2 %0, %1, one, nb; }"
+        "  fma.rn.bf16x2 %0, %1, one, %2; }"
         : "=r"(d) : "r"(a), "r"(b));
     return d;
   }
@@ -94,15 +93,15 @@ struct Act<__nv_bfloat16> {
 // The per-row subtrahend of one scale group, in the form the decode of BITS needs.
 template <typename T, int BITS>
 struct Bias {
-  uint32_t g = 0, g8 = 0;  // packed 16-bit (MAGIC + c) for rows g and g + 8 (int4; int8 with fp16)
+  uint32_t g = 0, g8 = 0;  // packed 16-bit -(MAGIC + c) for rows g and g + 8 (int4; int8 with fp16)
   float fg = 0.0f, fg8 = 0.0f;  // 2^23 + c (int8 with bf16: decoded through fp32, 128 + u is not exact in bf16)
   __device__ __forceinline__ void set(float cg, float cg8) {
     if constexpr (BITS == 8 && std::is_same<T, __nv_bfloat16>::value) {
       fg = 8388608.0f + cg;
       fg8 = 8388608.0f + cg8;
     } else {
-      g = Act<T>::pack(Act<T>::MAGIC + cg, Act<T>::MAGIC + cg);
-      g8 = Act<T>::pack(Act<T>::MAGIC + cg8, Act<T>::MAGIC + cg8);
+      g = Act<T>::pack(-(Act<T>::MAGIC + cg), -(Act<T>::MAGIC + cg));
+      g8 = Act<T>::pack(-(Act<T>::MAGIC + cg8), -(Act<T>::MAGIC + cg8));
     }
   }
 };
@@ -111,17 +110,17 @@ struct Bias {
 template <typename T, int BITS>
 __device__ __forceinline__ void decode_int4(uint32_t q, const Bias<T, BITS>& b, uint32_t (&a)[4]) {
   // nibble p is the low half of a[p], nibble p + 4 its high half (repack's layout)
-  a[0] = Act<T>::sub2(lop_and_or(q, 0x000F000Fu, Act<T>::MAGIC16), b.g);
-  a[1] = Act<T>::sub2(lop_and_or(q >> 4, 0x000F000Fu, Act<T>::MAGIC16), b.g8);
-  a[2] = Act<T>::sub2(lop_and_or(q >> 8, 0x000F000Fu, Act<T>::MAGIC16), b.g);
-  a[3] = Act<T>::sub2(lop_and_or(q >> 12, 0x000F000Fu, Act<T>::MAGIC16), b.g8);
+  a[0] = Act<T>::add2(lop_and_or(q, 0x000F000Fu, Act<T>::MAGIC16), b.g);
+  a[1] = Act<T>::add2(lop_and_or(q >> 4, 0x000F000Fu, Act<T>::MAGIC16), b.g8);
+  a[2] = Act<T>::add2(lop_and_or(q >> 8, 0x000F000Fu, Act<T>::MAGIC16), b.g);
+  a[3] = Act<T>::add2(lop_and_or(q >> 12, 0x000F000Fu, Act<T>::MAGIC16), b.g8);
 }
 
 template <typename T>
 __device__ __forceinline__ uint32_t int8_pair(uint32_t q, int lo_byte, uint32_t bias16, float fbias) {
   if constexpr (std::is_same<T, __half>::value) {  // fp16: bytes into the low mantissa of 1024.0
     const uint32_t sel = lo_byte == 0 ? 0x5150u : 0x5352u;
-    return Act<T>::sub2(prmt(q, 0x64646464u, sel), bias16);
+    return Act<T>::add2(prmt(q, 0x64646464u, sel), bias16);
   }
   const uint32_t s0 = lo_byte == 0 ? 0x7440u : 0x7442u, s1 = lo_byte == 0 ? 0x7441u : 0x7443u;
   const float v0 = __uint_as_float(prmt(q, 0x4B000000u, s0)) - fbias;  // 2^23 + u - (2^23 + c)
@@ -137,11 +136,58 @@ __device__ __forceinline__ void decode_int8(uint32_t qg, uint32_t qg8, const Bia
   a[3] = int8_pair<T>(qg8, 2, b.g8, b.fg8);
 }
 
+// e2m1 (MX / NV FP4).  Bits s e1 e0 m placed at bf16 bits 15 and 8..6 give the value times 2^-126 (e = 0 lands
+// in bf16's subnormals, so the map is one and the same for every code); one multiply by 2^126 makes it exact, a
+// second applies the block scale (a power of two, or an e4m3 value: the products need at most 5 significant
+// bits, exact in bf16).  Each thread's 16 codes of a chunk share one block scale per row (the k permutation keeps
+// a thread's k inside one group of 16 or 32), so the scale multiplies the weights, not the fp32 partials.
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;  // a * b + (-0): exact where the product is, and -0 keeps the sign of a zero product
+  asm("{ .reg .b32 nz;\n  mov.b32 nz, 0x80008000;\n  fma.rn.bf16x2 %0, %1, %2, nz; }" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t e2m1_pair(uint32_t a, uint32_t b, uint32_t scale2) {
+  // a: the two magnitudes at bits 6..8 / 22..24, b: their signs at bits 15 / 31 (garbage elsewhere in both)
+  uint32_t v;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(v) : "r"(a), "r"(0x01c001c0u), "r"(b & 0x80008000u));  // (a & M) | b
+  return bf16x2_mul(bf16x2_mul(v, 0x7e807e80u), scale2);  // x 2^126, x scale
+}
+
+__device__ __forceinline__ void decode_e2m1(uint32_t q, uint32_t sg, uint32_t sg8, uint32_t (&a)[4]) {
+  // nibble p is the low half of a[p], nibble p + 4 its high half (the int4 layout)
+  a[0] = e2m1_pair(q << 6, q << 12, sg);
+  a[1] = e2m1_pair(q << 2, q << 8, sg8);
+  a[2] = e2m1_pair(q >> 2, q << 4, sg);
+  a[3] = e2m1_pair(q >> 6, q, sg8);
+}
+
+// Block-scale codes of rows g (low byte) and g + 8 (high byte) -> bf16x2 (s, s) per row.
+template <int KIND>
+__device__ __forceinline__ void fp4_scales(uint32_t code16, uint32_t& sg, uint32_t& sg8) {
+  if constexpr (KIND == 40) {  // e8m0: 2^(e - 127) is bf16 exponent field e; e = 0 is the subnormal 2^-127 (0x0040)
+    const uint32_t lo = max((code16 & 0xffu) << 7, 0x40u), hi = max(((code16 >> 8) & 0xffu) << 7, 0x40u);
+    sg = lo | (lo << 16);
+    sg8 = hi | (hi << 16);
+  } else {  // e4m3 -> fp32 -> bf16 (exact)
+    float f[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t b = (code16 >> (8 * i)) & 0xffu, e = (b >> 3) & 15u, m = b & 7u;
+      float v = e == 0 ? float(m) * 0.001953125f : __uint_as_float(((e + 120u) << 23) | (m << 20));
+      f[i] = (b & 0x80u) ? -v : v;
+    }
+    sg = Act<__nv_bfloat16>::pack(f[0], f[0]);
+    sg8 = Act<__nv_bfloat16>::pack(f[1], f[1]);
+  }
+}
+
 struct Params {
   const uint4* w;        // [tiles, chunks, LOADS, 32] x 16 bytes
   const void* x;         // [M, ldx] fp16 / bf16, 16-byte aligned rows
   const float2* scales;  // [tiles, groups, 8] (s[row g], s[row g + 8])
   const float2* zeros;   // same shape, the zero point c per row; null: c = 2^(bits-1) for every row
+  const uint16_t* fp4_scales;  // e2m1: [tiles, chunks, 32] block-scale codes of rows (g, g + 8) for each lane
   const void* bias;      // [N] or null (fp32 when bias_f32, else the activation type)
   void* y;               // [M, ldy] (fp32 when out_f32, else the activation type)
   int M, N, K, ldx, ldy;
@@ -153,8 +199,11 @@ struct Params {
   int bias_f32, out_f32;
 };
 
-template <typename T, int BITS, int NT, bool ZERO, int U>
+// KIND: 4 int4, 8 int8 (codes as unsigned offsets, fp32 group scales), 40 e2m1 + e8m0, 41 e2m1 + e4m3 (bf16 only)
+template <typename T, int KIND, int NT, bool ZERO, int U>
 __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
+  constexpr bool FP4 = KIND >= 40;
+  constexpr int BITS = FP4 ? 4 : KIND;
   constexpr int LOADS = BITS == 4 ? 1 : 2;  // 16-byte loads of codes per thread per chunk
   const int lane = threadIdx.x, kw = threadIdx.y, tw = threadIdx.z, KW = blockDim.y;
   const int g = lane >> 2, t = lane & 3;
@@ -173,38 +222,47 @@ __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
   float2 s_cur = make_float2(1.0f, 1.0f);
   if (tile < tiles && c0 < c1) {
     const uint4* wp = p.w + (size_t)tile * p.chunks * LOADS * 32 + lane;
+    // a token slot past M reads row 0: its B column only feeds D columns that are never stored
     const T* xrow[NT];
-    bool xok[NT];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      xok[j] = g + 8 * j < p.M;
-      xrow[j] = static_cast<const T*>(p.x) + (size_t)(xok[j] ? g + 8 * j : 0) * p.ldx + 16 * t;
-    }
+    for (int j = 0; j < NT; ++j)
+      xrow[j] = static_cast<const T*>(p.x) + (size_t)(g + 8 * j < p.M ? g + 8 * j : 0) * p.ldx + 16 * t;
     const bool channel = p.group_chunks == 0;
     const float2* sp = p.scales + ((size_t)tile * p.groups + (channel ? 0 : c0 / p.group_chunks)) * 8 + g;
     const float2* zp = ZERO ? p.zeros + (sp - p.scales) : nullptr;
     const float c_sym = float(1 << (BITS - 1));
-    s_cur = *sp;
+    if constexpr (!FP4) s_cur = *sp;
     float2 z_cur = ZERO ? *zp : make_float2(c_sym, c_sym);
     Bias<T, BITS> bias;
     bias.set(z_cur.x, z_cur.y);
 
-    // chunks are loaded in order: running pointers instead of per-load index arithmetic
+    // Chunks are loaded in order through running pointers.  The weight streams U chunks ahead through a ring of
+    // registers, each slot refilled right after its chunk is consumed (no register copies); x (L1 / L2 hits) is
+    // double-buffered one chunk ahead.
     const uint4* wnext = wp + (size_t)c0 * LOADS * 32;
     const T* xnext[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) xnext[j] = xrow[j] + c0 * 64;
     int knext = c0 * 64 + 16 * t;
-    uint4 wb[U][LOADS], xb[U][NT][2];
-    auto load = [&](uint4 (&w)[LOADS], uint4 (&xv)[NT][2]) {
+    uint4 wb[U][LOADS], xb[2][NT][2];
+    uint32_t sb[U];  // e2m1: the block-scale codes of each chunk in flight
+    const uint16_t* snext = FP4 ? p.fp4_scales + ((size_t)tile * p.chunks + c0) * 32 + lane : nullptr;
+    auto load_w = [&](uint4 (&w)[LOADS], uint32_t& sc) {
 #pragma unroll
       for (int l = 0; l < LOADS; ++l) w[l] = __ldcs(wnext + l * 32);
       wnext += LOADS * 32;
-      const bool kok = knext < p.K;
+      if constexpr (FP4) {
+        sc = __ldcs(snext);
+        snext += 32;
+      }
+    };
+    const int k_full = p.K & ~63;  // x past K must read as zero (the padded codes there are not zero values)
+    auto load_x = [&](uint4 (&xv)[NT][2]) {
+      const bool tail = knext - 16 * t >= k_full;  // uniform across the warp
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        if (xok[j] && kok) {
-          const uint4* xp = reinterpret_cast<const uint4*>(xnext[j]);
+        const uint4* xp = reinterpret_cast<const uint4*>(xnext[j]);
+        if (!tail || knext < p.K) {
           xv[j][0] = __ldg(xp);
           xv[j][1] = __ldg(xp + 1);
         } else {
@@ -216,7 +274,8 @@ __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
     };
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (c0 + u < c1) load(wb[u], xb[u]);
+      if (c0 + u < c1) load_w(wb[u], sb[u]);
+    load_x(xb[0]);
 
     int left = channel ? 0x7fffffff : p.group_chunks;  // chunks until the current scale group ends
     for (int c = c0; c < c1; c += U) {
@@ -224,17 +283,18 @@ __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
       for (int u = 0; u < U; ++u) {
         const int cc = c + u;
         if (cc < c1) {
-          uint4 w[LOADS], xv[NT][2];
-#pragma unroll
-          for (int l = 0; l < LOADS; ++l) w[l] = wb[u][l];
-#pragma unroll
-          for (int j = 0; j < NT; ++j) xv[j][0] = xb[u][j][0], xv[j][1] = xb[u][j][1];
-          if (cc + U < c1) load(wb[u], xb[u]);
-          const uint32_t* wq = reinterpret_cast<const uint32_t*>(w);
+          // (cc - c0) % 2 == u % 2: U is even, or 1 (then slot 0 is reloaded after use, below)
+          uint4 (&xv)[NT][2] = xb[U == 1 ? 0 : (u & 1)];
+          if (U > 1 && cc + 1 < c1) load_x(xb[(u + 1) & 1]);
+          const uint32_t* wq = reinterpret_cast<const uint32_t*>(wb[u]);
+          uint32_t sg = 0, sg8 = 0;
+          if constexpr (FP4) fp4_scales<KIND>(sb[u], sg, sg8);
 #pragma unroll
           for (int s = 0; s < 4; ++s) {
             uint32_t a[4];
-            if constexpr (BITS == 4)
+            if constexpr (FP4)
+              decode_e2m1(wq[s], sg, sg8, a);
+            else if constexpr (BITS == 4)
               decode_int4(wq[s], bias, a);
             else
               decode_int8(wq[2 * s], wq[2 * s + 1], bias, a);
@@ -244,6 +304,8 @@ __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
               Act<T>::mma(part[j], a, xr[2 * s], xr[2 * s + 1]);
             }
           }
+          if (cc + U < c1) load_w(wb[u], sb[u]);
+          if (U == 1 && cc + 1 < c1) load_x(xb[0]);
           if (--left == 0 && cc + 1 < c1) {  // a group ends: scale its partial sums
             left = p.group_chunks;
 #pragma unroll
@@ -320,10 +382,10 @@ cudaError_t launch(const Params& p, int kw, int tw, cudaStream_t stream) {
 template <typename T, int BITS, int NT, bool ZERO>
 cudaError_t pick_unroll(const Params& p, int unroll, int kw, int tw, cudaStream_t s) {
   switch (unroll) {
-    case 1: return launch<T, BITS, NT, ZERO, 1>(p, kw, tw, s);
     case 2: return launch<T, BITS, NT, ZERO, 2>(p, kw, tw, s);
-    case 4:  // two token tiles with four chunks in flight spill registers (ptxas, sm_90): not built
-      if constexpr (NT == 1) return launch<T, BITS, NT, ZERO, 4>(p, kw, tw, s);
+    case 4: return launch<T, BITS, NT, ZERO, 4>(p, kw, tw, s);
+    case 8:  // two token tiles with eight chunks in flight: not built (registers)
+      if constexpr (NT == 1) return launch<T, BITS, NT, ZERO, 8>(p, kw, tw, s);
       return cudaErrorInvalidValue;
     default: return cudaErrorInvalidValue;
   }
@@ -331,6 +393,11 @@ cudaError_t pick_unroll(const Params& p, int unroll, int kw, int tw, cudaStream_
 
 template <typename T, int BITS>
 cudaError_t pick_rest(const Params& p, int nt, bool zero, int unroll, int kw, int tw, cudaStream_t s) {
+  if constexpr (BITS >= 40) {  // e2m1 has no zero points
+    if (nt == 1) return pick_unroll<T, BITS, 1, false>(p, unroll, kw, tw, s);
+    if (nt == 2) return pick_unroll<T, BITS, 2, false>(p, unroll, kw, tw, s);
+    return cudaErrorInvalidValue;
+  }
   if (nt == 1) return zero ? pick_unroll<T, BITS, 1, true>(p, unroll, kw, tw, s)
                            : pick_unroll<T, BITS, 1, false>(p, unroll, kw, tw, s);
   if (nt == 2) return zero ? pick_unroll<T, BITS, 2, true>(p, unroll, kw, tw, s)
@@ -342,19 +409,20 @@ cudaError_t pick_rest(const Params& p, int nt, bool zero, int unroll, int kw, in
 
 extern "C" {
 
-int ht_decode_mma_abi() { return 1; }
+int ht_decode_mma_abi() { return 2; }
 
-// dtype: 0 fp16, 1 bf16.  Returns a cudaError_t (0: launched).
+// dtype: 0 fp16, 1 bf16; bits: 4, 8, 40 (e2m1 + e8m0), 41 (e2m1 + e4m3).  Returns a cudaError_t (0: launched).
 // device: the CUDA device of every pointer and of stream (this library's runtime keeps its own current device).
 int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int kw, int tw, const void* w,
-                  const void* x, const void* scales, const void* zeros, const void* bias, int bias_f32, void* y,
+                  const void* x, const void* scales, const void* zeros, const void* fp4_scales, const void* bias, int bias_f32, void* y,
                   int out_f32, int M, int N, int K, int ldx, int ldy, int group_chunks, int groups,
                   int chunks_per_warp, float out_scale, void* stream) {
   if (M < 1 || M > 16 || kw < 1 || tw < 1 || 32 * kw * tw > 512) return cudaErrorInvalidValue;
+  if (bits >= 40 && (dtype != 1 || zero)) return cudaErrorInvalidValue;  // e2m1: bf16 activations, no zero point
   cudaError_t err = cudaSetDevice(device);
   if (err != cudaSuccess) return err;
   Params p{static_cast<const uint4*>(w), x, static_cast<const float2*>(scales), static_cast<const float2*>(zeros),
-           bias, y, M, N, K, ldx, ldy, (K + 63) / 64, group_chunks, groups, chunks_per_warp, out_scale, bias_f32,
+           static_cast<const uint16_t*>(fp4_scales), bias, y, M, N, K, ldx, ldy, (K + 63) / 64, group_chunks, groups, chunks_per_warp, out_scale, bias_f32,
            out_f32};
   const int nt = M <= 8 ? 1 : 2;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -362,6 +430,8 @@ int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int kw,
   if (dtype == 0 && bits == 8) return pick_rest<__half, 8>(p, nt, zero, unroll, kw, tw, s);
   if (dtype == 1 && bits == 4) return pick_rest<__nv_bfloat16, 4>(p, nt, zero, unroll, kw, tw, s);
   if (dtype == 1 && bits == 8) return pick_rest<__nv_bfloat16, 8>(p, nt, zero, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 40) return pick_rest<__nv_bfloat16, 40>(p, nt, false, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 41) return pick_rest<__nv_bfloat16, 41>(p, nt, false, unroll, kw, tw, s);
   return cudaErrorInvalidValue;
 }
 

@@ -1,5 +1,6 @@
 """``mma_decode``: the native CUDA decode GEMM for M <= 16 (``cutlass_ext/csrc/decode_mma.cu``): int4 / int8
-weights with per-row group or channel scales (and integer zero points), fp16 / bf16 activations, mma.sync with
+weights with per-row group or channel scales (and integer zero points), fp16 / bf16 activations, and MXFP4 /
+NVFP4 e2m1 weights with bf16 activations; mma.sync with
 the tokens on the MMA's N side, K split across the warps of a CTA.  Backend ``cuda``; ``auto`` runs it only where
 the device's measured table says it is fastest."""
 from __future__ import annotations
@@ -10,11 +11,12 @@ from ...calls import Call, KernelConfig
 from . import Family, register
 
 MAX_M = 16
-# (warps splitting K, 16-row tiles per CTA, chunks in flight per warp).  Two token tiles (M > 8) hold twice the
-# activation registers: they take one or two chunks in flight (four spill on sm_90)
-_ONE_TILE = [(4, 1, 4), (8, 1, 2), (8, 1, 4), (16, 1, 2), (16, 1, 4), (4, 2, 4), (8, 2, 2), (2, 4, 4), (4, 4, 2),
-             (16, 1, 1), (8, 1, 1), (4, 1, 2)]
-_TWO_TILES = [(4, 1, 2), (8, 1, 2), (16, 1, 2), (8, 1, 1), (16, 1, 1), (4, 2, 2), (8, 2, 1), (2, 4, 2), (4, 4, 1)]
+# (warps splitting K, 16-row tiles per CTA, chunks of weight in flight per warp).  Two token tiles (M > 8) hold
+# twice the activation registers: at most four chunks in flight (eight are not built)
+_ONE_TILE = [(8, 1, 4), (8, 1, 8), (16, 1, 4), (16, 1, 2), (4, 1, 8), (4, 2, 4), (8, 2, 4), (2, 4, 8), (4, 4, 4),
+             (8, 1, 2), (4, 1, 4), (16, 1, 8)]
+_TWO_TILES = [(4, 1, 2), (4, 1, 4), (8, 1, 2), (8, 1, 4), (16, 1, 2), (4, 2, 2), (4, 2, 4), (2, 4, 4), (4, 4, 2),
+              (8, 2, 2)]
 
 
 def packed_view(qw):
@@ -38,7 +40,7 @@ class MMADecode(Family):
             return f"M={call.m} (the native decode kernel takes M <= {MAX_M})"
         if call.dtype not in (torch.float16, torch.bfloat16):
             return f"{call.dtype} activations (fp16 / bf16 only)"
-        return weight_reason(call.scheme, call.n, call.k)
+        return weight_reason(call.scheme, call.n, call.k, call.dtype)
 
     def mma(self, call: Call) -> str:
         return "fp16" if call.dtype == torch.float16 else "bf16"
