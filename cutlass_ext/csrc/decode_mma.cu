@@ -222,11 +222,14 @@ __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
   float2 s_cur = make_float2(1.0f, 1.0f);
   if (tile < tiles && c0 < c1) {
     const uint4* wp = p.w + (size_t)tile * p.chunks * LOADS * 32 + lane;
-    // a token slot past M reads row 0: its B column only feeds D columns that are never stored
+    // a token slot past M loads nothing (zeros): measured faster at M = 1 than every lane reading row 0
     const T* xrow[NT];
+    bool xok[NT];
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-      xrow[j] = static_cast<const T*>(p.x) + (size_t)(g + 8 * j < p.M ? g + 8 * j : 0) * p.ldx + 16 * t;
+    for (int j = 0; j < NT; ++j) {
+      xok[j] = g + 8 * j < p.M;
+      xrow[j] = static_cast<const T*>(p.x) + (size_t)(xok[j] ? g + 8 * j : 0) * p.ldx + 16 * t;
+    }
     const bool channel = p.group_chunks == 0;
     const float2* sp = p.scales + ((size_t)tile * p.groups + (channel ? 0 : c0 / p.group_chunks)) * 8 + g;
     const float2* zp = ZERO ? p.zeros + (sp - p.scales) : nullptr;
@@ -236,15 +239,16 @@ __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
     Bias<T, BITS> bias;
     bias.set(z_cur.x, z_cur.y);
 
-    // Chunks are loaded in order through running pointers.  The weight streams U chunks ahead through a ring of
-    // registers, each slot refilled right after its chunk is consumed (no register copies); x (L1 / L2 hits) is
-    // double-buffered one chunk ahead.
+    // Chunks are loaded in order through running pointers.  U = 1: the next chunk's weight and x are loaded into
+    // fresh registers before the current chunk is computed (the H200's fastest at M <= 8 so far).  U >= 2: the
+    // weight streams U chunks ahead through a ring of registers, each slot refilled right after its chunk is
+    // consumed, and x (L1 / L2 hits) is double-buffered one chunk ahead.
     const uint4* wnext = wp + (size_t)c0 * LOADS * 32;
     const T* xnext[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) xnext[j] = xrow[j] + c0 * 64;
     int knext = c0 * 64 + 16 * t;
-    uint4 wb[U][LOADS], xb[2][NT][2];
+    uint4 wb[U][LOADS], xb[U == 1 ? 1 : 2][NT][2];
     uint32_t sb[U];  // e2m1: the block-scale codes of each chunk in flight
     const uint16_t* snext = FP4 ? p.fp4_scales + ((size_t)tile * p.chunks + c0) * 32 + lane : nullptr;
     auto load_w = [&](uint4 (&w)[LOADS], uint32_t& sc) {
@@ -262,7 +266,7 @@ __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const uint4* xp = reinterpret_cast<const uint4*>(xnext[j]);
-        if (!tail || knext < p.K) {
+        if (xok[j] && (!tail || knext < p.K)) {
           xv[j][0] = __ldg(xp);
           xv[j][1] = __ldg(xp + 1);
         } else {
@@ -283,12 +287,29 @@ __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
       for (int u = 0; u < U; ++u) {
         const int cc = c + u;
         if (cc < c1) {
-          // (cc - c0) % 2 == u % 2: U is even, or 1 (then slot 0 is reloaded after use, below)
-          uint4 (&xv)[NT][2] = xb[U == 1 ? 0 : (u & 1)];
-          if (U > 1 && cc + 1 < c1) load_x(xb[(u + 1) & 1]);
-          const uint32_t* wq = reinterpret_cast<const uint32_t*>(wb[u]);
+          uint4 wcur[LOADS], xv[NT][2];
+          uint32_t scur = 0;
+          if constexpr (U == 1) {  // copy out, then refill the same registers with the next chunk
+#pragma unroll
+            for (int l = 0; l < LOADS; ++l) wcur[l] = wb[0][l];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) xv[j][0] = xb[0][j][0], xv[j][1] = xb[0][j][1];
+            scur = sb[0];
+            if (cc + 1 < c1) {
+              load_w(wb[0], sb[0]);
+              load_x(xb[0]);
+            }
+          } else {  // (cc - c0) % 2 == u % 2: U is even
+#pragma unroll
+            for (int l = 0; l < LOADS; ++l) wcur[l] = wb[u][l];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) xv[j][0] = xb[u & 1][j][0], xv[j][1] = xb[u & 1][j][1];
+            scur = sb[u];
+            if (cc + 1 < c1) load_x(xb[(u + 1) & 1]);
+          }
+          const uint32_t* wq = reinterpret_cast<const uint32_t*>(wcur);
           uint32_t sg = 0, sg8 = 0;
-          if constexpr (FP4) fp4_scales<KIND>(sb[u], sg, sg8);
+          if constexpr (FP4) fp4_scales<KIND>(scur, sg, sg8);
 #pragma unroll
           for (int s = 0; s < 4; ++s) {
             uint32_t a[4];
@@ -304,8 +325,7 @@ __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
               Act<T>::mma(part[j], a, xr[2 * s], xr[2 * s + 1]);
             }
           }
-          if (cc + U < c1) load_w(wb[u], sb[u]);
-          if (U == 1 && cc + 1 < c1) load_x(xb[0]);
+          if (U > 1 && cc + U < c1) load_w(wb[u], sb[u]);
           if (--left == 0 && cc + 1 < c1) {  // a group ends: scale its partial sums
             left = p.group_chunks;
 #pragma unroll
@@ -382,6 +402,7 @@ cudaError_t launch(const Params& p, int kw, int tw, cudaStream_t stream) {
 template <typename T, int BITS, int NT, bool ZERO>
 cudaError_t pick_unroll(const Params& p, int unroll, int kw, int tw, cudaStream_t s) {
   switch (unroll) {
+    case 1: return launch<T, BITS, NT, ZERO, 1>(p, kw, tw, s);
     case 2: return launch<T, BITS, NT, ZERO, 2>(p, kw, tw, s);
     case 4: return launch<T, BITS, NT, ZERO, 4>(p, kw, tw, s);
     case 8:  // two token tiles with eight chunks in flight: not built (registers)
