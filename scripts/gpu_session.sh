@@ -13,6 +13,7 @@
 #           (writes autotune_configs/<device>.json, copied to $OUT)
 #   native  the native CUDA library (cutlass_ext): loads or is built here, its GPU tests, an ncu profile and a
 #           sweep of its configs at the decode shapes                                  -> native*.txt
+#   sanitize compute-sanitizer memcheck + initcheck over the native kernel's tail shapes     -> sanitize.txt
 #   new     GPU tests of this session's new paths (swap-AB family, torch-composed families, dispatch)
 #   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
 #   overhead host-side µs per call of each path (eager, op, compiled) + profiles  -> overhead.txt
@@ -65,6 +66,12 @@ for step in $STEPS; do
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
         --section LaunchStats python3 scripts/native_probe.py > "$OUT/native_ncu.txt" 2>&1
       timeout -k 5 120 python3 scripts/native_probe.py --sweep --out "$OUT/native_sweep.json" > "$OUT/native_sweep.txt" 2>&1 ;;
+    sanitize)  # compute-sanitizer (Firecracker runtime) over the native kernel's tail shapes, every config
+      stamp sanitize
+      for tool in memcheck initcheck; do
+        timeout -k 5 ${SANITIZE_S:-100} compute-sanitizer --tool $tool --kernel-name regex:decode_mma \
+          python3 scripts/native_probe.py --odd >> "$OUT/sanitize.txt" 2>&1; echo "($tool exit $?)" >> "$OUT/sanitize.txt"
+      done ;;
     new)     gpu_tests ${NEW_S:-150} new tests/test_dispatch.py tests/test_dense_kernels.py tests/test_grouped_kernels.py \
                -k "swapab or dispatch or torch_composed or split" ;;
     dense)   gpu_tests ${DENSE_S:-200} dense tests/test_dense_kernels.py -k every_format_family ;;
