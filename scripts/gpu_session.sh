@@ -69,7 +69,7 @@ for step in $STEPS; do
     sanitize)  # compute-sanitizer (Firecracker runtime) over the native kernel's tail shapes, every config
       stamp sanitize
       for tool in memcheck initcheck; do
-        timeout -k 5 ${SANITIZE_S:-100} compute-sanitizer --tool $tool --kernel-name regex:decode_mma \
+        timeout -k 5 ${SANITIZE_S:-100} compute-sanitizer --tool $tool --kernel-name kns=decode_mma \
           python3 scripts/native_probe.py --odd >> "$OUT/sanitize.txt" 2>&1; echo "($tool exit $?)" >> "$OUT/sanitize.txt"
       done ;;
     new)     gpu_tests ${NEW_S:-150} new tests/test_dispatch.py tests/test_dense_kernels.py tests/test_grouped_kernels.py \
