@@ -13,7 +13,7 @@
 #           (writes autotune_configs/<device>.json, copied to $OUT)
 #   native  the native CUDA library (cutlass_ext): loads or is built here, its GPU tests, an ncu profile and a
 #           sweep of its configs at the decode shapes                                  -> native*.txt
-#   sanitize compute-sanitizer memcheck + initcheck over the native kernel's tail shapes     -> sanitize.txt
+#   sanitize compute-sanitizer ($SANITIZE_TOOLS, default memcheck) over the native kernel's tail shapes     -> sanitize.txt
 #   new     GPU tests of this session's new paths (swap-AB family, torch-composed families, dispatch)
 #   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
 #   overhead host-side µs per call of each path (eager, op, compiled) + profiles  -> overhead.txt
@@ -68,7 +68,7 @@ for step in $STEPS; do
       timeout -k 5 120 python3 scripts/native_probe.py --sweep --out "$OUT/native_sweep.json" > "$OUT/native_sweep.txt" 2>&1 ;;
     sanitize)  # compute-sanitizer (Firecracker runtime) over the native kernel's tail shapes, every config
       stamp sanitize
-      for tool in memcheck initcheck; do
+      for tool in ${SANITIZE_TOOLS:-memcheck}; do
         timeout -k 5 ${SANITIZE_S:-100} compute-sanitizer --tool $tool --kernel-name kns=decode_mma \
           python3 scripts/native_probe.py --odd >> "$OUT/sanitize.txt" 2>&1; echo "($tool exit $?)" >> "$OUT/sanitize.txt"
       done ;;
