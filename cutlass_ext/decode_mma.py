@@ -15,7 +15,7 @@ import torch
 
 from .native import check, library
 
-__all__ = ["Packed", "weight_reason", "repack", "run", "emulate", "CHUNK", "MAX_M"]
+__all__ = ["Packed", "weight_reason", "repack", "repack_experts", "run", "run_grouped", "emulate", "CHUNK", "MAX_M"]
 
 CHUNK = 64      # K per 16-byte load of int4 codes (one 64-wide chunk: four k16 mma steps)
 MAX_M = 16      # two n-tiles of 8 tokens
@@ -74,6 +74,7 @@ class Packed:
     groups: int
     fp4_scales: torch.Tensor | None = None  # uint8 [tiles, chunks, 32, 2]: block-scale codes of rows g, g + 8
     out_scale: float = 1.0   # the NVFP4 global scale
+    out_scales: torch.Tensor | None = None  # experts: fp32 [E] global scales (NVFP4), else None
 
     @property
     def code_bits(self) -> int:
@@ -81,7 +82,18 @@ class Packed:
 
     @property
     def chunks(self) -> int:
-        return self.w.shape[1]
+        return self.w.shape[-4]
+
+    @property
+    def experts(self) -> int:
+        return self.w.shape[0] if self.w.dim() == 6 else 0
+
+    def expert(self, e: int) -> "Packed":
+        """Expert ``e`` of a stacked (MoE) view, as a dense view."""
+        from dataclasses import replace
+        return replace(self, w=self.w[e], scales=self.scales[e], zeros=None if self.zeros is None else self.zeros[e],
+                       fp4_scales=None if self.fp4_scales is None else self.fp4_scales[e],
+                       out_scale=1.0 if self.out_scales is None else float(self.out_scales[e]), out_scales=None)
 
 
 def _fragment_map(bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -183,6 +195,26 @@ def _fp4_scale_codes(qw, tiles: int, chunks: int) -> torch.Tensor:
     return torch.stack([lo, hi], -1).contiguous()
 
 
+def repack_experts(qw) -> Packed:
+    """The kernel's layout of a 3-D (MoE) QuantWeight: every expert repacked, stacked expert-major."""
+    from dataclasses import replace
+    if qw.data.dim() != 3:
+        raise ValueError("repack_experts takes a 3-D (expert) weight; use repack for a dense one")
+    if qw.k_perm is not None:
+        raise ValueError("the native decode kernel cannot take act-order (k_perm) experts")
+    parts = []
+    for e in range(qw.num_experts):
+        one = replace(qw, data=qw.data[e], scales=qw.scales[e], zeros=None if qw.zeros is None else qw.zeros[e],
+                      global_scale=None if qw.global_scale is None else qw.global_scale[e], shape=qw.shape[1:],
+                      bias=None, cache={})
+        parts.append(repack(one))
+    first = parts[0]
+    stack = lambda name: None if getattr(first, name) is None else torch.stack([getattr(q, name) for q in parts])  # noqa: E731
+    gs = None if qw.global_scale is None else qw.global_scale.float().reshape(-1).contiguous()
+    return replace(first, w=stack("w"), scales=stack("scales"), zeros=stack("zeros"), fp4_scales=stack("fp4_scales"),
+                   out_scale=1.0, out_scales=gs)
+
+
 def split(p: Packed, kw: int) -> int:
     """Chunks per warp when ``kw`` warps split K (whole scale groups each)."""
     if p.group_chunks == 0:
@@ -193,13 +225,7 @@ def split(p: Packed, kw: int) -> int:
 _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
 
 
-def run(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None, out: torch.Tensor, kw: int = 8, tw: int = 1,
-        unroll: int = 2, out_scale: float = 1.0) -> torch.Tensor:
-    """``out[M, N] = x2[M, K] @ W^T (+ bias)`` on torch's current stream.  ``x2``: contiguous rows, fp16 / bf16,
-    16-byte aligned; ``out``: the activation type or fp32, unit column stride."""
-    m = x2.shape[0]
-    if not 1 <= m <= MAX_M:
-        raise ValueError(f"the native decode kernel takes 1..{MAX_M} rows, got {m}")
+def _check(x2: torch.Tensor, out: torch.Tensor, kw: int, tw: int) -> None:
     if x2.dtype not in _DTYPES:
         raise TypeError(f"the native decode kernel takes fp16 / bf16 activations, got {x2.dtype}")
     if x2.stride(-1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
@@ -208,6 +234,9 @@ def run(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None, out: torch.Tenso
         raise ValueError(f"out must be {x2.dtype} or fp32 with unit column stride")
     if 32 * kw * tw > MAX_THREADS:
         raise ValueError(f"{kw} x {tw} warps exceed {MAX_THREADS} threads per block")
+
+
+def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None) -> torch.Tensor:
     if bias is not None and bias.dtype not in (x2.dtype, torch.float32):
         bias = bias.float()
     dev = x2.device
@@ -218,9 +247,42 @@ def run(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None, out: torch.Tenso
         None if p.fp4_scales is None else p.fp4_scales.data_ptr(), None if bias is None else bias.data_ptr(),
         int(bias is not None and bias.dtype == torch.float32), out.data_ptr(), int(out.dtype == torch.float32), m,
         p.n, p.k, x2.stride(0), out.stride(0), p.group_chunks, p.groups, split(p, kw), out_scale * p.out_scale,
+        None if offsets is None else offsets.data_ptr(), int(offsets is not None and offsets.dtype == torch.int64),
+        max(1, p.experts), None if p.out_scales is None else p.out_scales.data_ptr(),
         torch.cuda.current_stream(dev).cuda_stream)
     check(err, "the native decode kernel")
     return out
+
+
+def run(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None, out: torch.Tensor, kw: int = 8, tw: int = 1,
+        unroll: int = 1, out_scale: float = 1.0) -> torch.Tensor:
+    """``out[M, N] = x2[M, K] @ W^T (+ bias)`` on torch's current stream.  ``x2``: contiguous rows, fp16 / bf16,
+    16-byte aligned; ``out``: the activation type or fp32, unit column stride."""
+    m = x2.shape[0]
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"the native decode kernel takes 1..{MAX_M} rows, got {m}")
+    if p.experts:
+        raise ValueError("a stacked (expert) view runs through run_grouped")
+    _check(x2, out, kw, tw)
+    return _launch(x2, p, bias, out, kw, tw, unroll, m, out_scale)
+
+
+def run_grouped(x2: torch.Tensor, p: Packed, offsets: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+                kw: int = 4, tw: int = 1, unroll: int = 1, rows_per_pass: int = 8) -> torch.Tensor:
+    """``out[r] = x2[r] @ W[e]^T (+ bias[e])`` for ``offsets[e] <= r < offsets[e + 1]`` (rows sorted by expert;
+    offsets int32 / int64 on the device, never read on the host).  An expert's rows run ``rows_per_pass`` (8 or
+    16) at a time; experts without rows cost one empty CTA each."""
+    if not p.experts:
+        raise ValueError("run_grouped takes a stacked (expert) view (repack_experts)")
+    if rows_per_pass not in (8, 16):
+        raise ValueError(f"rows_per_pass must be 8 or 16, got {rows_per_pass}")
+    if offsets.dtype not in (torch.int32, torch.int64) or offsets.numel() != p.experts + 1 or \
+            offsets.device != x2.device:
+        raise ValueError(f"offsets must be {p.experts + 1} int32 / int64 row offsets on {x2.device}")
+    _check(x2, out, kw, tw)
+    if x2.shape[0] == 0:
+        return out
+    return _launch(x2, p, bias, out, kw, tw, unroll, rows_per_pass, 1.0, offsets.contiguous())
 
 
 def emulate(x2: torch.Tensor, p: Packed) -> torch.Tensor:

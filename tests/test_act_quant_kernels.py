@@ -38,6 +38,26 @@ def test_activation_quantizer_matches_reference(scheme, rng):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("m,k,dtype", [(1, 8192, torch.bfloat16), (5, 4100, torch.float16), (70, 1024, torch.float32)])
+def test_global_scale_kernel_is_the_reference_bit_for_bit(m, k, dtype, rng):
+    """NV's per-tensor activation scale in one reduction launch equals formats.activation.global_act_scale, NaN / inf
+    ignored, on strided rows, all-zero and empty inputs."""
+    from humming_triton.formats.activation import global_act_scale
+    from humming_triton.kernels.dense import triton_global_scale
+    spec = ht.QuantScheme.parse("w4a4-nvfp4").act
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = (torch.randn(m, k + 8, generator=rng) * 3).to(dtype)[:, :k]  # strided rows
+    if m > 2:
+        x[1, 5], x[2, 7], x[0, 3] = float("nan"), float("inf"), -float("inf")
+    for t in (x, torch.zeros(3, 64, dtype=dtype), torch.full((2, 32), float("nan"), dtype=dtype)):
+        got, want = triton_global_scale(t.to(dev), spec), global_act_scale(t, spec)
+        assert got.dtype == torch.float32 and got.shape == ()
+        assert got.item() == want.item(), (got.item(), want.item())
+    assert triton_global_scale(torch.empty(0, 64, device=dev), spec).item() == global_act_scale(
+        torch.empty(0, 64), spec).item()
+
+
+@pytest.mark.interpret
 def test_activation_quantizer_breaks_near_ties_like_the_reference():
     g = torch.Generator().manual_seed(1)
     torch.randn(40, 384, generator=g), torch.randn(40, generator=g)

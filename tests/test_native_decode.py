@@ -153,3 +153,76 @@ def test_backend_cuda_through_the_op_and_graph_replay(rng):
     torch.cuda.synchronize()
     ref = ht.reference_linear(x.cpu(), qw.to("cpu"), out_dtype=torch.float32).double()
     assert_linear_close(yg.cpu(), ref, x.cpu().float(), ht.dequantize_weight(qw.to("cpu")), torch.bfloat16, "graph")
+
+
+# ---- MoE experts (mma_decode_grouped) -------------------------------------------------------------------------
+
+def _experts(scheme, e, n, k, rng):
+    w = torch.randn(e, n, k, generator=rng) * 0.05
+    return ht.quantize_weight(w, scheme, bias=torch.randn(e, n, generator=rng))
+
+
+def _routing(counts, k, rng, dtype=torch.float32):
+    x = torch.randn(sum(counts), k, generator=rng).to(dtype)
+    offsets = torch.zeros(len(counts) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor(counts), 0)
+    return x, offsets
+
+
+@pytest.mark.parametrize("fmt", ["w4a16", "w8a16-asym", "mxfp4", "nvfp4"])
+def test_stacked_experts_are_the_dense_layouts(fmt, rng):
+    qw = _experts(fmt, 3, 40, 256, rng)
+    p = dm.repack_experts(qw)
+    assert p.experts == 3
+    counts = [0, 5, 19]  # an expert without rows, one pass, two passes of 16
+    x, offsets = _routing(counts, 256, rng)
+    ref = ht.reference_grouped_linear(x, qw, offsets, out_dtype=torch.float32).double()
+    for e, (r0, r1) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+        if r1 == r0:
+            continue
+        got = dm.emulate(x[r0:r1], p.expert(e)) + qw.bias[e].double()
+        assert_linear_close(got, ref[r0:r1], x[r0:r1], ht.dequantize_weight(qw)[e], torch.float32, f"{fmt} e{e}")
+
+
+def test_grouped_family_reasons():
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    fam = families.get("mma_decode_grouped")
+    assert fam.backend == "cuda" and fam.op == "grouped_linear"
+    s = ht.QuantScheme.parse("w4a16")
+    assert fam.reason(Call("grouped_linear", s, torch.bfloat16, 8, 1536, 2048, 128)) is None
+    assert "decode batches" in fam.reason(Call("grouped_linear", s, torch.bfloat16, 32768, 1536, 2048, 128))
+    assert "act-order" in fam.reason(Call("grouped_linear", s, torch.bfloat16, 8, 1536, 2048, 128, True))
+    assert [c.block_m for c in fam.candidates(Call("grouped_linear", s, torch.bfloat16, 8, 1536, 2048, 128))] \
+        == [8] * len(fam.candidates(Call("grouped_linear", s, torch.bfloat16, 8, 1536, 2048, 128)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,dtype", [("w4a16", torch.bfloat16), ("w4a16", torch.float16),
+                                       ("w8a16-asym", torch.float16), ("mxfp4", torch.bfloat16),
+                                       ("nvfp4", torch.bfloat16), ("weight=int4,scale=fp16:g64", torch.bfloat16)])
+def test_grouped_kernel_matches_reference(fmt, dtype, rng):
+    from cutlass_ext import native
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    if native.unavailable():
+        pytest.fail(native.unavailable())
+    fam = families.get("mma_decode_grouped")
+    qw = _experts(fmt, 6, 200, 768, rng).to("cuda")
+    w_hat = ht.dequantize_weight(qw.to("cpu"))
+    for counts in ([0, 1, 0, 0, 2, 1], [3, 0, 17, 1, 40, 5]):
+        x, offsets = _routing(counts, 768, rng, dtype)
+        ref = ht.reference_grouped_linear(x, qw.to("cpu"), offsets, out_dtype=torch.float32).double()
+        xc = x.cuda()
+        call = Call("grouped_linear", qw.scheme, dtype, x.shape[0], 200, 768, 6)
+        assert fam.reason(call) is None
+        for off in (offsets.cuda(), offsets.to(torch.int32).cuda()):
+            for cfg in fam.candidates(call):
+                out = poison_like(torch.empty(x.shape[0], 200, dtype=dtype, device="cuda"))
+                y = fam.run(xc, off, qw, None, dtype, cfg, out)
+                for e, (r0, r1) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+                    if r1 > r0:
+                        assert_linear_close(y[r0:r1].cpu(), ref[r0:r1], x[r0:r1].float(), w_hat[e], dtype,
+                                            f"{fmt} {counts} e{e} {cfg.describe()} {off.dtype}")
+    y = ht.grouped_linear(xc, qw, offsets.cuda(), backend="cuda")
+    assert y.shape == (x.shape[0], 200)

@@ -197,11 +197,29 @@ struct Params {
   int chunks_per_warp;   // a multiple of group_chunks
   float out_scale;       // multiplies the result (a global weight scale), 1 if none
   int bias_f32, out_f32;
+  // grouped (MoE) launches: grid.y = experts; expert e owns rows offsets[e] <= r < offsets[e + 1] of x and y, and
+  // every weight array above holds the experts one after another (bias: [E, N]); null offsets: a dense launch
+  const void* offsets;
+  int offsets_i64;
+  const float* out_scales;  // per expert (NVFP4 experts' global scales), or null: out_scale
+};
+
+// What one pass of the tile loop reads and writes: one expert's weight, up to 8 NT rows of x and y.
+struct View {
+  const uint4* w;
+  const float2* scales;
+  const float2* zeros;
+  const uint16_t* fp4_scales;
+  const void* bias;
+  const void* x;
+  void* y;
+  int M;
+  float out_scale;
 };
 
 // KIND: 4 int4, 8 int8 (codes as unsigned offsets, fp32 group scales), 40 e2m1 + e8m0, 41 e2m1 + e4m3 (bf16 only)
 template <typename T, int KIND, int NT, bool ZERO, int U>
-__global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
+__device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
   constexpr bool FP4 = KIND >= 40;
   constexpr int BITS = FP4 ? 4 : KIND;
   constexpr int LOADS = BITS == 4 ? 1 : 2;  // 16-byte loads of codes per thread per chunk
@@ -221,18 +239,18 @@ __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
   const int c1 = min(p.chunks, c0 + p.chunks_per_warp);
   float2 s_cur = make_float2(1.0f, 1.0f);
   if (tile < tiles && c0 < c1) {
-    const uint4* wp = p.w + (size_t)tile * p.chunks * LOADS * 32 + lane;
+    const uint4* wp = v.w + (size_t)tile * p.chunks * LOADS * 32 + lane;
     // a token slot past M loads nothing (zeros): measured faster at M = 1 than every lane reading row 0
     const T* xrow[NT];
     bool xok[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      xok[j] = g + 8 * j < p.M;
-      xrow[j] = static_cast<const T*>(p.x) + (size_t)(xok[j] ? g + 8 * j : 0) * p.ldx + 16 * t;
+      xok[j] = g + 8 * j < v.M;
+      xrow[j] = static_cast<const T*>(v.x) + (size_t)(xok[j] ? g + 8 * j : 0) * p.ldx + 16 * t;
     }
     const bool channel = p.group_chunks == 0;
-    const float2* sp = p.scales + ((size_t)tile * p.groups + (channel ? 0 : c0 / p.group_chunks)) * 8 + g;
-    const float2* zp = ZERO ? p.zeros + (sp - p.scales) : nullptr;
+    const float2* sp = v.scales + ((size_t)tile * p.groups + (channel ? 0 : c0 / p.group_chunks)) * 8 + g;
+    const float2* zp = ZERO ? v.zeros + (sp - v.scales) : nullptr;
     const float c_sym = float(1 << (BITS - 1));
     if constexpr (!FP4) s_cur = *sp;
     float2 z_cur = ZERO ? *zp : make_float2(c_sym, c_sym);
@@ -250,7 +268,7 @@ __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
     int knext = c0 * 64 + 16 * t;
     uint4 wb[U][LOADS], xb[U == 1 ? 1 : 2][NT][2];
     uint32_t sb[U];  // e2m1: the block-scale codes of each chunk in flight
-    const uint16_t* snext = FP4 ? p.fp4_scales + ((size_t)tile * p.chunks + c0) * 32 + lane : nullptr;
+    const uint16_t* snext = FP4 ? v.fp4_scales + ((size_t)tile * p.chunks + c0) * 32 + lane : nullptr;
     auto load_w = [&](uint4 (&w)[LOADS], uint32_t& sc) {
 #pragma unroll
       for (int l = 0; l < LOADS; ++l) w[l] = __ldcs(wnext + l * 32);
@@ -359,70 +377,105 @@ __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) mine[4 * j + i] = acc[j][i];
     __syncthreads();
-    if (kw != 0) return;
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
-    for (int r = 0; r < KW; ++r) {  // fixed order: the result does not depend on scheduling
-      const float* theirs = red + ((size_t)(tw * KW + r) * 32 + lane) * 4 * NT;
+    if (kw == 0) {
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[j][i] += theirs[4 * j + i];
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+      for (int r = 0; r < KW; ++r) {  // fixed order: the result does not depend on scheduling
+        const float* theirs = red + ((size_t)(tw * KW + r) * 32 + lane) * 4 * NT;
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[j][i] += theirs[4 * j + i];
+      }
     }
+    __syncthreads();  // a grouped launch's next pass reuses the buffer
+    if (kw != 0) return;
   }
   if (tile >= tiles) return;
-  const T* bias_p = static_cast<const T*>(p.bias);
+  const T* bias_p = static_cast<const T*>(v.bias);
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int n = tile * 16 + g + 8 * (i >> 1), m = 2 * t + (i & 1) + 8 * j;
-      if (n < p.N && m < p.M) {
-        float v = acc[j][i] * p.out_scale;
-        if (bias_p != nullptr) v += p.bias_f32 ? static_cast<const float*>(p.bias)[n] : Act<T>::to_float(bias_p[n]);
+      if (n < p.N && m < v.M) {
+        float r = acc[j][i] * v.out_scale;
+        if (bias_p != nullptr) r += p.bias_f32 ? static_cast<const float*>(v.bias)[n] : Act<T>::to_float(bias_p[n]);
         if (p.out_f32)
-          static_cast<float*>(p.y)[(size_t)m * p.ldy + n] = v;
+          static_cast<float*>(v.y)[(size_t)m * p.ldy + n] = r;
         else
-          static_cast<T*>(p.y)[(size_t)m * p.ldy + n] = Act<T>::from_float(v);
+          static_cast<T*>(v.y)[(size_t)m * p.ldy + n] = Act<T>::from_float(r);
       }
     }
 }
 
+template <typename T, int KIND, int NT, bool ZERO, int U>
+__global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
+  constexpr int LOADS = (KIND == 8) ? 2 : 1;
+  View v{p.w, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M, p.out_scale};
+  if (p.offsets == nullptr) {
+    decode_tile<T, KIND, NT, ZERO, U>(p, v);
+    return;
+  }
+  const int e = blockIdx.y;
+  const long long r0 = p.offsets_i64 ? static_cast<const long long*>(p.offsets)[e]
+                                     : static_cast<const int*>(p.offsets)[e];
+  const long long r1 = p.offsets_i64 ? static_cast<const long long*>(p.offsets)[e + 1]
+                                     : static_cast<const int*>(p.offsets)[e + 1];
+  if (r1 <= r0) return;  // no rows routed to this expert: the whole CTA leaves together
+  const size_t tiles = (p.N + 15) / 16;
+  v.w += (size_t)e * tiles * p.chunks * LOADS * 32;
+  v.scales += (size_t)e * tiles * p.groups * 8;
+  if (ZERO) v.zeros += (size_t)e * tiles * p.groups * 8;
+  if (KIND >= 40) v.fp4_scales += (size_t)e * tiles * p.chunks * 32;
+  if (p.bias != nullptr)
+    v.bias = p.bias_f32 ? static_cast<const void*>(static_cast<const float*>(p.bias) + (size_t)e * p.N)
+                        : static_cast<const void*>(static_cast<const T*>(p.bias) + (size_t)e * p.N);
+  if (p.out_scales != nullptr) v.out_scale = p.out_scales[e];
+  const size_t ysz = p.out_f32 ? sizeof(float) : sizeof(T);
+  for (long long m0 = r0; m0 < r1; m0 += 8 * NT) {  // 8 NT rows per pass; the weight tile re-streams from L2
+    v.M = (int)min((long long)(8 * NT), r1 - m0);
+    v.x = static_cast<const T*>(p.x) + m0 * p.ldx;
+    v.y = static_cast<char*>(p.y) + m0 * p.ldy * ysz;
+    decode_tile<T, KIND, NT, ZERO, U>(p, v);
+  }
+}
+
 template <typename T, int BITS, int NT, bool ZERO, int U>
-cudaError_t launch(const Params& p, int kw, int tw, cudaStream_t stream) {
+cudaError_t launch(const Params& p, int experts, int kw, int tw, cudaStream_t stream) {
   const int tiles = (p.N + 15) / 16;
-  dim3 block(32, kw, tw), grid((tiles + tw - 1) / tw);
+  dim3 block(32, kw, tw), grid((tiles + tw - 1) / tw, experts);
   const size_t smem = kw > 1 ? (size_t)tw * kw * 32 * 4 * NT * sizeof(float) : 0;
   decode_mma_kernel<T, BITS, NT, ZERO, U><<<grid, block, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <typename T, int BITS, int NT, bool ZERO>
-cudaError_t pick_unroll(const Params& p, int unroll, int kw, int tw, cudaStream_t s) {
+cudaError_t pick_unroll(const Params& p, int experts, int unroll, int kw, int tw, cudaStream_t s) {
   switch (unroll) {
-    case 1: return launch<T, BITS, NT, ZERO, 1>(p, kw, tw, s);
-    case 2: return launch<T, BITS, NT, ZERO, 2>(p, kw, tw, s);
-    case 4: return launch<T, BITS, NT, ZERO, 4>(p, kw, tw, s);
+    case 1: return launch<T, BITS, NT, ZERO, 1>(p, experts, kw, tw, s);
+    case 2: return launch<T, BITS, NT, ZERO, 2>(p, experts, kw, tw, s);
+    case 4: return launch<T, BITS, NT, ZERO, 4>(p, experts, kw, tw, s);
     case 8:  // two token tiles with eight chunks in flight: not built (registers)
-      if constexpr (NT == 1) return launch<T, BITS, NT, ZERO, 8>(p, kw, tw, s);
+      if constexpr (NT == 1) return launch<T, BITS, NT, ZERO, 8>(p, experts, kw, tw, s);
       return cudaErrorInvalidValue;
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <typename T, int BITS>
-cudaError_t pick_rest(const Params& p, int nt, bool zero, int unroll, int kw, int tw, cudaStream_t s) {
+cudaError_t pick_rest(const Params& p, int experts, int nt, bool zero, int unroll, int kw, int tw, cudaStream_t s) {
   if constexpr (BITS >= 40) {  // e2m1 has no zero points
-    if (nt == 1) return pick_unroll<T, BITS, 1, false>(p, unroll, kw, tw, s);
-    if (nt == 2) return pick_unroll<T, BITS, 2, false>(p, unroll, kw, tw, s);
+    if (nt == 1) return pick_unroll<T, BITS, 1, false>(p, experts, unroll, kw, tw, s);
+    if (nt == 2) return pick_unroll<T, BITS, 2, false>(p, experts, unroll, kw, tw, s);
     return cudaErrorInvalidValue;
   }
-  if (nt == 1) return zero ? pick_unroll<T, BITS, 1, true>(p, unroll, kw, tw, s)
-                           : pick_unroll<T, BITS, 1, false>(p, unroll, kw, tw, s);
-  if (nt == 2) return zero ? pick_unroll<T, BITS, 2, true>(p, unroll, kw, tw, s)
-                           : pick_unroll<T, BITS, 2, false>(p, unroll, kw, tw, s);
+  if (nt == 1) return zero ? pick_unroll<T, BITS, 1, true>(p, experts, unroll, kw, tw, s)
+                           : pick_unroll<T, BITS, 1, false>(p, experts, unroll, kw, tw, s);
+  if (nt == 2) return zero ? pick_unroll<T, BITS, 2, true>(p, experts, unroll, kw, tw, s)
+                           : pick_unroll<T, BITS, 2, false>(p, experts, unroll, kw, tw, s);
   return cudaErrorInvalidValue;
 }
 
@@ -430,29 +483,33 @@ cudaError_t pick_rest(const Params& p, int nt, bool zero, int unroll, int kw, in
 
 extern "C" {
 
-int ht_decode_mma_abi() { return 2; }
+int ht_decode_mma_abi() { return 3; }
 
 // dtype: 0 fp16, 1 bf16; bits: 4, 8, 40 (e2m1 + e8m0), 41 (e2m1 + e4m3).  Returns a cudaError_t (0: launched).
 // device: the CUDA device of every pointer and of stream (this library's runtime keeps its own current device).
+// Grouped (MoE): offsets [experts + 1] (int32, or int64 when offsets_i64) of x / y rows per expert, every weight
+// array expert-major; M is then the rows per pass (8: one token tile, 16: two), any number of rows per expert.
 int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int kw, int tw, const void* w,
                   const void* x, const void* scales, const void* zeros, const void* fp4_scales, const void* bias, int bias_f32, void* y,
                   int out_f32, int M, int N, int K, int ldx, int ldy, int group_chunks, int groups,
-                  int chunks_per_warp, float out_scale, void* stream) {
-  if (M < 1 || M > 16 || kw < 1 || tw < 1 || 32 * kw * tw > 512) return cudaErrorInvalidValue;
+                  int chunks_per_warp, float out_scale, const void* offsets, int offsets_i64, int experts,
+                  const float* out_scales, void* stream) {
+  if (M < 1 || (offsets == nullptr && M > 16) || kw < 1 || tw < 1 || 32 * kw * tw > 512 || experts < 1)
+    return cudaErrorInvalidValue;  // grouped launches: M is the rows per pass (8 or 16)
   if (bits >= 40 && (dtype != 1 || zero)) return cudaErrorInvalidValue;  // e2m1: bf16 activations, no zero point
   cudaError_t err = cudaSetDevice(device);
   if (err != cudaSuccess) return err;
   Params p{static_cast<const uint4*>(w), x, static_cast<const float2*>(scales), static_cast<const float2*>(zeros),
-           static_cast<const uint16_t*>(fp4_scales), bias, y, M, N, K, ldx, ldy, (K + 63) / 64, group_chunks, groups, chunks_per_warp, out_scale, bias_f32,
-           out_f32};
+           static_cast<const uint16_t*>(fp4_scales), bias, y, M, N, K, ldx, ldy, (K + 63) / 64, group_chunks, groups,
+           chunks_per_warp, out_scale, bias_f32, out_f32, offsets, offsets_i64, out_scales};
   const int nt = M <= 8 ? 1 : 2;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (dtype == 0 && bits == 4) return pick_rest<__half, 4>(p, nt, zero, unroll, kw, tw, s);
-  if (dtype == 0 && bits == 8) return pick_rest<__half, 8>(p, nt, zero, unroll, kw, tw, s);
-  if (dtype == 1 && bits == 4) return pick_rest<__nv_bfloat16, 4>(p, nt, zero, unroll, kw, tw, s);
-  if (dtype == 1 && bits == 8) return pick_rest<__nv_bfloat16, 8>(p, nt, zero, unroll, kw, tw, s);
-  if (dtype == 1 && bits == 40) return pick_rest<__nv_bfloat16, 40>(p, nt, false, unroll, kw, tw, s);
-  if (dtype == 1 && bits == 41) return pick_rest<__nv_bfloat16, 41>(p, nt, false, unroll, kw, tw, s);
+  if (dtype == 0 && bits == 4) return pick_rest<__half, 4>(p, experts, nt, zero, unroll, kw, tw, s);
+  if (dtype == 0 && bits == 8) return pick_rest<__half, 8>(p, experts, nt, zero, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 4) return pick_rest<__nv_bfloat16, 4>(p, experts, nt, zero, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 8) return pick_rest<__nv_bfloat16, 8>(p, experts, nt, zero, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 40) return pick_rest<__nv_bfloat16, 40>(p, experts, nt, false, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 41) return pick_rest<__nv_bfloat16, 41>(p, experts, nt, false, unroll, kw, tw, s);
   return cudaErrorInvalidValue;
 }
 

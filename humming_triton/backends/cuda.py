@@ -1,4 +1,5 @@
-"""The ``cuda`` backend: hand-written CUDA kernels from ``cutlass_ext`` (today the ``mma_decode`` family), called
+"""The ``cuda`` backend: hand-written CUDA kernels from ``cutlass_ext`` (``mma_decode`` for dense layers and
+``mma_decode_grouped`` for MoE experts at decode batches), called
 through ctypes on torch's stream.  Needs the native library built (``python3 -m cutlass_ext.build``); ``auto``
 takes its candidates only from the device's measured table."""
 from __future__ import annotations
@@ -19,6 +20,16 @@ class CudaBackend(FamilyBackend):
         if why:
             return why
         return super().reason(call)
+
+    def grouped_linear(self, x, qw, offsets, bias, out_dtype, cand):
+        from ._families import config_of
+        cand = cand or self.candidates(_grouped_call(x, qw))[0]
+        return self.family(cand).run(x, offsets, qw, bias, out_dtype, config_of(cand), None)
+
+
+def _grouped_call(x, qw) -> Call:
+    from ..kernels.dense import call_of
+    return call_of(x.reshape(-1, x.shape[-1]), qw, "grouped_linear")
 
 
 register(CudaBackend())

@@ -117,3 +117,21 @@ def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_
             r = (q + 6755399441055744.0) - 6755399441055744.0
             c = tl.minimum(tl.maximum(r, -128.0), 127.0).to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True)
         tl.store(codes_ptr + row * stride_cm + offs, c, mask=offs < K)
+
+
+@triton.jit
+def global_scale_kernel(x_ptr, M, K, stride_xm, ws_ptr, out_ptr, denom, BLOCK: tl.constexpr):
+    """NV's per-tensor activation scale in one launch (``formats.activation.global_act_scale`` is the reference):
+    every program takes the amax of |x| over the finite values of its BLOCK elements into ``ws[0]`` (fp32 bits:
+    non-negative floats order as integers), and the last program to finish -- an acq_rel counter in ``ws[1]`` --
+    writes ``max(amax / denom, 1e-30)`` (float64 steps, fp32 result).  ``ws``: two zeroed int32 per call."""
+    pid = tl.program_id(0)
+    idx = pid * BLOCK + tl.arange(0, BLOCK)
+    row, col = idx // K, idx % K
+    a = tl.abs(tl.load(x_ptr + row.to(tl.int64) * stride_xm + col, mask=idx < M * K, other=0.0).to(tl.float32))
+    a = tl.where(a < float("inf"), a, 0.0)  # NaN and +-inf do not count (NaN < inf is false)
+    tl.atomic_max(ws_ptr, tl.max(a, axis=0).to(tl.int32, bitcast=True), sem="relaxed")
+    done = tl.atomic_add(ws_ptr + 1, 1, sem="acq_rel")
+    if done == tl.num_programs(0) - 1:
+        amax = tl.atomic_add(ws_ptr, 0, sem="acquire").to(tl.float32, bitcast=True)
+        tl.store(out_ptr, tl.maximum(amax.to(tl.float64) / denom, 1e-30).to(tl.float32))

@@ -20,7 +20,7 @@ from ..formats.dtypes import FloatType, WideFloat
 from ..formats.scheme import ActQuant, QuantScheme
 from ..formats.weight import QuantWeight
 from . import configs, families
-from ._act_quant import act_quant_kernel
+from ._act_quant import act_quant_kernel, global_scale_kernel
 from ._dense_tiled import dense_tiled_kernel
 from ._dequant import dequant_kernel
 from .launch import Launch, backend_cache, launch_format, post_scale, weight_args, weight_format
@@ -100,7 +100,8 @@ def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: to
     scales = torch.empty(m, -(-k // g), dtype=torch.float32 if wide else torch.uint8, device=x2.device)
     # NV's per-tensor scale: the reference's formula, over the finite values (a NaN / inf row must not spoil the
     # other rows' scales; the quantizer gives that row a NaN scale)
-    gscale = global_act_scale(x2, spec, input_scale)
+    gscale = triton_global_scale(x2, spec) if spec.global_scale and input_scale is None else \
+        global_act_scale(x2, spec, input_scale)
     if m:
         block = min(1024, triton.next_power_of_2(g))
         act_quant_kernel[(m, scales.shape[1])](
@@ -108,6 +109,24 @@ def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: to
             scales.stride(0), KIND=ACT_KINDS[str(spec.dtype)], SCALE_KIND=ACT_SCALE_KINDS[str(spec.scale_dtype)],
             GROUP_K=g, BLOCK_K=block)
     return QuantActivation(codes, scales, spec, gscale)
+
+
+GLOBAL_SCALE_BLOCK = 4096
+
+
+def triton_global_scale(x2: torch.Tensor, spec: ActQuant) -> torch.Tensor:
+    """``formats.activation.global_act_scale`` (dynamic) in two launches -- a zeroed counter and one reduction --
+    where the torch composition took eight (abs, isfinite, where, amax, then four scalar ops)."""
+    from ..formats.activation import positive_qmax
+    m, k = x2.shape
+    out = torch.empty((), dtype=torch.float32, device=x2.device)
+    if m * k == 0:
+        return out.fill_(1e-30)
+    ws = torch.zeros(2, dtype=torch.int32, device=x2.device)
+    denom = float(positive_qmax(spec.dtype) * spec.scale_dtype.finite_max())
+    global_scale_kernel[(triton.cdiv(m * k, GLOBAL_SCALE_BLOCK),)](x2, m, k, x2.stride(0), ws, out, denom,
+                                                                   BLOCK=GLOBAL_SCALE_BLOCK)
+    return out
 
 
 def _alignment(t: torch.Tensor | None) -> int:

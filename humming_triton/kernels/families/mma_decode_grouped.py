@@ -1,0 +1,69 @@
+"""``mma_decode_grouped``: the native decode GEMM for MoE experts at decode-sized batches (``grouped_linear``):
+grid.y runs over the experts, each CTA reads its expert's row range from the device offsets (no host sync) and
+runs its rows 8 or 16 at a time through the same tile loop as ``mma_decode``.  Backend ``cuda``; ``auto`` runs
+it only where the device's measured table says it is fastest."""
+from __future__ import annotations
+
+import torch
+
+from ...calls import Call, KernelConfig
+from . import Family, register
+
+MAX_ROWS_PER_EXPERT = 32  # on average; above it the Triton grouped tiles reuse each weight tile better
+# (warps splitting K, 16-row tiles per CTA, chunks in flight): short K (MoE down 768 = 12 chunks) wants few K warps
+_GRID = [(4, 1, 1), (2, 1, 1), (2, 2, 1), (4, 2, 1), (1, 4, 1), (8, 1, 1), (2, 4, 1), (4, 1, 2)]
+
+
+def packed_experts(qw):
+    """The kernel's layout of every expert (cutlass_ext.decode_mma.repack_experts), made once per weight."""
+    from cutlass_ext.decode_mma import repack_experts
+    state = qw.cache.setdefault("cuda", {})
+    if "decode_mma_experts" not in state:
+        state["decode_mma_experts"] = repack_experts(qw)
+    return state["decode_mma_experts"]
+
+
+class MMADecodeGrouped(Family):
+    name = "mma_decode_grouped"
+    op = "grouped_linear"
+    backend = "cuda"
+
+    def reason(self, call: Call) -> str | None:
+        from cutlass_ext.decode_mma import weight_reason
+        if call.op != "grouped_linear" or not call.experts:
+            return "the native grouped decode kernel runs MoE experts (grouped_linear)"
+        if call.act_order:
+            return "act-order (k_perm) experts"
+        if call.m > MAX_ROWS_PER_EXPERT * call.experts:
+            return f"{call.m} routed rows over {call.experts} experts (decode batches only)"
+        if call.dtype not in (torch.float16, torch.bfloat16):
+            return f"{call.dtype} activations (fp16 / bf16 only)"
+        return weight_reason(call.scheme, call.n, call.k, call.dtype)
+
+    def mma(self, call: Call) -> str:
+        return "fp16" if call.dtype == torch.float16 else "bf16"
+
+    def candidates(self, call: Call) -> list[KernelConfig]:
+        passes = (8,) if call.m <= call.experts else (8, 16)  # rows per pass: one or two token tiles
+        return [KernelConfig(self.name, bm, 16 * tw, 64, kw, 8, kw * tw, u) for bm in passes for kw, tw, u in _GRID]
+
+    def run(self, x, offsets, qw, bias, out_dtype, cfg: KernelConfig, out):
+        from cutlass_ext.decode_mma import run_grouped
+        t, n = x.shape[0], qw.N
+        out_dtype = out.dtype if out is not None else (out_dtype or x.dtype)
+        y = out if out is not None else torch.empty(t, n, dtype=out_dtype, device=x.device)
+        if t == 0:
+            return y
+        if x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+            x = x.contiguous() if not x.is_contiguous() else x.clone()
+        bias = qw.bias if bias is None else bias
+        target = y if y.dtype in (x.dtype, torch.float32) and y.stride(-1) == 1 else \
+            torch.empty(t, n, dtype=torch.float32, device=x.device)
+        run_grouped(x, packed_experts(qw), offsets, bias, target, kw=cfg.split_k, tw=cfg.block_n // 16,
+                    unroll=cfg.num_stages, rows_per_pass=cfg.block_m)
+        if target is not y:
+            y.copy_(target)
+        return y
+
+
+register(MMADecodeGrouped())
