@@ -282,6 +282,7 @@ def run_grouped(x2: torch.Tensor, p: Packed, offsets: torch.Tensor, bias: torch.
     _check(x2, out, kw, tw)
     if x2.shape[0] == 0:
         return out
+    bias = None if bias is None else bias.contiguous()  # [E, N], expert-major
     return _launch(x2, p, bias, out, kw, tw, unroll, rows_per_pass, 1.0, offsets.contiguous())
 
 

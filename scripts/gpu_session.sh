@@ -61,7 +61,7 @@ for step in $STEPS; do
       stamp native
       python3 -c "from cutlass_ext import native; import sys; w = native.unavailable(); print(w or 'native library loads'); sys.exit(1 if w else 0)" \
         > "$OUT/native.txt" 2>&1 || timeout -k 5 240 python3 -m cutlass_ext.build --arch 90 >> "$OUT/native.txt" 2>&1
-      gpu_tests ${NATIVE_S:-150} native tests/test_native_decode.py
+      gpu_tests ${NATIVE_S:-150} native tests/test_native_decode.py tests/test_act_quant_kernels.py -k "native or grouped_kernel or global_scale or kernel_matches"
       timeout -k 5 120 ncu --clock-control none -k regex:decode_mma --launch-skip 3 --launch-count 2 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
         --section LaunchStats python3 scripts/native_probe.py > "$OUT/native_ncu.txt" 2>&1
@@ -86,12 +86,14 @@ for step in $STEPS; do
     bench)
       stamp bench
       timeout -k 5 ${BENCH_S:-260} python3 -m benchmarks --suite headline --out "$OUT/bench" --no-cold-start \
-        ${PEER_BUDGET_S:+--peer-budget-s $PEER_BUDGET_S} ${BENCH_COMPARE:+--compare "$BENCH_COMPARE"} > "$OUT/bench_log.txt" \
+        ${PEER_BUDGET_S:+--peer-budget-s $PEER_BUDGET_S} ${BENCH_COMPARE:+--compare "$BENCH_COMPARE"} ${BENCH_ARGS:-} \
+        > "$OUT/bench_log.txt" \
         2> "$OUT/bench_stderr.txt" ;;
     decode)
       stamp decode
       timeout -k 5 ${DECODE_BENCH_S:-200} python3 -m benchmarks --suite decode --out "$OUT/decode" --no-cold-start \
-        ${PEER_BUDGET_S:+--peer-budget-s $PEER_BUDGET_S} ${DECODE_COMPARE:+--compare "$DECODE_COMPARE"} > "$OUT/decode_log.txt" \
+        ${PEER_BUDGET_S:+--peer-budget-s $PEER_BUDGET_S} ${DECODE_COMPARE:+--compare "$DECODE_COMPARE"} ${DECODE_ARGS:-} \
+        > "$OUT/decode_log.txt" \
         2> "$OUT/decode_stderr.txt" ;;
     *) echo "unknown step $step" ;;
   esac

@@ -42,10 +42,19 @@ def test_activation_quantizer_matches_reference(scheme, rng):
 def test_global_scale_kernel_is_the_reference_bit_for_bit(m, k, dtype, rng):
     """NV's per-tensor activation scale in one reduction launch equals formats.activation.global_act_scale, NaN / inf
     ignored, on strided rows, all-zero and empty inputs."""
+    _global_scale_case(m, k, dtype, rng, "cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,dtype", [(1, 8192, torch.bfloat16), (4096, 8192, torch.bfloat16), (33, 4100, torch.float16)])
+def test_global_scale_kernel_on_gpu(m, k, dtype, rng):
+    _global_scale_case(m, k, dtype, rng, "cuda")
+
+
+def _global_scale_case(m, k, dtype, rng, dev):
     from humming_triton.formats.activation import global_act_scale
     from humming_triton.kernels.dense import triton_global_scale
     spec = ht.QuantScheme.parse("w4a4-nvfp4").act
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
     x = (torch.randn(m, k + 8, generator=rng) * 3).to(dtype)[:, :k]  # strided rows
     if m > 2:
         x[1, 5], x[2, 7], x[0, 3] = float("nan"), float("inf"), -float("inf")
