@@ -21,7 +21,16 @@ from .formats.quantize import expand_blocks
 from .formats.weight import QuantWeight, decode_scales
 
 __all__ = ["unit_roundoff", "linear_tolerance", "assert_linear_close", "weight_error_bound", "poison_like",
-           "zero_offset"]
+           "zero_offset", "examples", "HYPOTHESIS_BASE_EXAMPLES"]
+
+HYPOTHESIS_BASE_EXAMPLES = 100  # max_examples of the "ci" profile (tests/conftest.py); "nightly" has 10x
+
+
+def examples(n: int) -> int:
+    """``n`` hypothesis examples under the "ci" profile, scaled with the loaded profile (``HYPOTHESIS_PROFILE=nightly``
+    runs 10x): tests that set their own count keep following the profile."""
+    from hypothesis import settings
+    return max(1, round(n * settings.default.max_examples / HYPOTHESIS_BASE_EXAMPLES))
 
 _U = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 

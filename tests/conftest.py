@@ -8,6 +8,15 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# hypothesis profiles: "ci" (the default), "nightly" (10x the examples: HYPOTHESIS_PROFILE=nightly), "dev" (quick).
+# Tests that set their own count scale it with humming_triton.testing.examples().
+settings.register_profile("ci", max_examples=100, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("nightly", parent=settings.get_profile("ci"), max_examples=1000)
+settings.register_profile("dev", parent=settings.get_profile("ci"), max_examples=10)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # pytest-xdist runs one process per core: torch's per-process thread pools would oversubscribe the machine
 # (16 workers x 16 threads made each CPU-side reference of the GPU tests take minutes)

@@ -5,6 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from humming_triton.testing import examples
+
 from humming_triton.formats.dtypes import FloatType, IntType, parse_element_type, parse_scale_type
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
@@ -113,7 +115,7 @@ def test_bad_scale_type():
         parse_scale_type("int4")
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30))
 @given(st.integers(1, 5), st.integers(0, 4), st.booleans())
 def test_arbitrary_float_names_round_trip(e, m, signed):
     if int(signed) + e + m > 8:

@@ -3,10 +3,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from humming_triton.testing import examples
+
 from humming_triton.formats.packing import pack_codes, packed_words, unpack_codes
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200))
 @given(bits=st.integers(1, 8), k=st.integers(1, 200), rows=st.integers(1, 4), data=st.data())
 def test_pack_unpack_round_trip(bits, k, rows, data):
     vals = data.draw(st.lists(st.integers(0, (1 << bits) - 1), min_size=rows * k, max_size=rows * k))
