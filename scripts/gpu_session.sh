@@ -14,6 +14,7 @@
 #   native  the native CUDA library (cutlass_ext): loads or is built here, its GPU tests, an ncu profile and a
 #           sweep of its configs at the decode shapes                                  -> native*.txt
 #   sanitize compute-sanitizer ($SANITIZE_TOOLS, default memcheck) over the native kernel's tail shapes     -> sanitize.txt
+#   tp      2+ GPUs: scripts/tp_check.py (TP MLP pair + EP grouped GEMM vs one GPU, timed)      -> tp.json
 #   new     GPU tests of this session's new paths (swap-AB family, torch-composed families, dispatch)
 #   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
 #   overhead host-side µs per call of each path (eager, op, compiled) + profiles  -> overhead.txt
@@ -72,6 +73,10 @@ for step in $STEPS; do
         timeout -k 5 ${SANITIZE_S:-100} compute-sanitizer --tool $tool --kernel-name kns=decode_mma \
           python3 scripts/native_probe.py --odd >> "$OUT/sanitize.txt" 2>&1; echo "($tool exit $?)" >> "$OUT/sanitize.txt"
       done ;;
+    tp)      # needs a machine of 2+ GPUs (nvidia-h200-x2): column / row parallel MLP and expert-parallel MoE
+      stamp tp
+      NCCL_NVLS_ENABLE=0 timeout -k 5 ${TP_S:-200} torchrun --nproc-per-node ${TP_GPUS:-2} scripts/tp_check.py \
+        --out "$OUT" > "$OUT/tp.txt" 2>&1 ;;
     new)     gpu_tests ${NEW_S:-150} new tests/test_dispatch.py tests/test_dense_kernels.py tests/test_grouped_kernels.py \
                -k "swapab or dispatch or torch_composed or split" ;;
     dense)   gpu_tests ${DENSE_S:-200} dense tests/test_dense_kernels.py -k every_format_family ;;
