@@ -2,6 +2,7 @@
 
 Importing this package is light: it imports torch, never touches CUDA, and loads Triton kernels lazily.
 """
+from .batch_invariant import batch_invariant, is_batch_invariant, set_batch_invariant
 from .dispatch import last_backend, select_backend
 from .formats import (PRESETS, ActQuant, FloatType, IntType, QuantActivation, QuantScheme, QuantWeight, ScaleSpec,
                       dequantize_activation, dequantize_weight, pack_codes, parse_element_type, quantize_activation,
@@ -19,6 +20,7 @@ __all__ = [
     "dequantize_activation", "dequantize_weight", "pack_codes", "parse_element_type", "quantize_activation",
     "quantize_weight", "unpack_codes", "quant_linear", "grouped_linear", "fused_moe", "reference_linear",
     "reference_grouped_linear", "reference_fused_moe", "last_backend", "select_backend",
+    "set_batch_invariant", "is_batch_invariant", "batch_invariant",
     "QuantLinear", "QuantMoE", "replace_linear",
     "load_quantized", "read_quantized_tensors", "CheckpointFormatError",
     "save_quantized", "ExportError", "QuantizationWarning",

@@ -176,15 +176,20 @@ def select(op: str, x: torch.Tensor, qw: QuantWeight, backend: str = "auto", *mo
     ``clear_caches`` and a posed device (capability.pose_as) start afresh."""
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
     from . import capability
+    from .batch_invariant import is_batch_invariant
     key = (op, backend, x.dtype, rows, x.device, _generation[0], capability._override,
-           tuple(id(w) for w in more))
+           tuple(id(w) for w in more), is_batch_invariant())
     per = qw.cache.get("dispatch")
     if per is None:
         per = qw.cache["dispatch"] = {}
     hit = per.get(key)
     if hit is None:
         call = call_for(op, x, qw)
-        name, cand = _decide(call, x, backend, tuple(call_for(op, x, w) for w in more))
+        more_calls = tuple(call_for(op, x, w) for w in more)
+        if is_batch_invariant():
+            name, cand = _decide_invariant(call, x, backend, more_calls, qw.input_scale is not None)
+        else:
+            name, cand = _decide(call, x, backend, more_calls)
         if len(per) >= 256:
             per.clear()
         hit = per[key] = (backends.get(name), cand)
@@ -229,6 +234,27 @@ def _decide(call: Call, x: torch.Tensor, backend: str, more: tuple) -> tuple[str
     if x.is_cuda:
         _warn_once(call.op, scheme, why)
     return "reference", None
+
+
+def _decide_invariant(call: Call, x: torch.Tensor, backend: str, more: tuple, static: bool
+                      ) -> tuple[str, Candidate | None]:
+    """Batch-invariant mode (batch_invariant.py): one M-independent path, or a clear error."""
+    from .backends._families import family_reason
+    from .batch_invariant import invariant_candidate, invariant_reason
+    from .kernels import families
+    check_backend_name(backend)
+    why = invariant_reason(call, backend, static)
+    if why:
+        raise RuntimeError(f"batch-invariant mode: {why}")
+    if backend == "reference" or not (x.is_cuda or interpreting()):
+        return "reference", None  # computed row by row (backends/reference.py)
+    cand = invariant_candidate(call)
+    why, scheme = _reasons(call, "triton", more)
+    why = why or family_reason(families.get(cand.family), call)
+    if why:
+        raise RuntimeError(f"batch-invariant mode runs the triton backend's {cand.family} kernel, which cannot run "
+                           f"{call.op} for {scheme}: {why}")
+    return "triton", cand
 
 
 def select_backend(op: str, x: torch.Tensor, qw: QuantWeight, backend: str = "auto", *more: QuantWeight) -> str:
