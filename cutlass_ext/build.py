@@ -1,7 +1,9 @@
-"""``python3 -m cutlass_ext.build [--arch 80,90] [--out PATH]``: compile ``csrc/*.cu`` into the native library.
+"""``python3 -m cutlass_ext.build [--arch 80,90[,100a]] [--out PATH]``: compile the native library.
 
-Plain nvcc, static CUDA runtime (the library needs only the driver at run time).  One cubin per architecture
-named, plus PTX of the newest so that later GPUs can JIT it.
+Plain nvcc, static CUDA runtime (the library needs only the driver at run time).  ``csrc/*.cu`` (the decode
+kernels): one cubin per numeric architecture named, plus PTX of the newest so that later GPUs can JIT it.
+``100a`` adds ``csrc_sm100/*.cu``: the CUTLASS tcgen05 block-scaled GEMMs for sm_100a, built against the
+nvidia-cutlass package's headers (``pip install nvidia-cutlass``; minutes of compile time).
 """
 from __future__ import annotations
 
@@ -14,15 +16,39 @@ from pathlib import Path
 
 from .native import library_path
 
-SOURCES = sorted((Path(__file__).resolve().parent / "csrc").glob("*.cu"))
+HERE = Path(__file__).resolve().parent
+SOURCES = sorted((HERE / "csrc").glob("*.cu"))
+SM100_SOURCES = sorted((HERE / "csrc_sm100").glob("*.cu"))
 DEFAULT_ARCHS = "80,90"
+SM100 = "100a"
+
+
+def cutlass_includes() -> list[Path]:
+    """The CUTLASS / CuTe header folders of the installed nvidia-cutlass package."""
+    try:
+        import cutlass_library
+    except ImportError as e:
+        raise RuntimeError("the sm_100a GEMMs need the CUTLASS headers: pip install nvidia-cutlass") from e
+    root = Path(cutlass_library.__file__).resolve().parent / "source"
+    dirs = [root / "include", root / "tools" / "util" / "include"]
+    if not (dirs[0] / "cutlass" / "cutlass.h").exists():
+        raise RuntimeError(f"nvidia-cutlass is installed but {dirs[0]} holds no cutlass/cutlass.h")
+    return [d for d in dirs if d.exists()]
 
 
 def command(archs: list[str], out: Path, nvcc: str = "nvcc") -> list[str]:
+    """The decode kernels' compile (numeric architectures) -> one object file ``out``."""
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     gencode.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
-    return [nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo", "-cudart", "static",
-            *gencode, "-o", str(out), *map(str, SOURCES)]
+    return [nvcc, "-O3", "-std=c++17", "-c", "-Xcompiler", "-fPIC", "-lineinfo", *gencode, "-o", str(out),
+            *map(str, SOURCES)]
+
+
+def sm100_command(source: Path, out: Path, nvcc: str = "nvcc") -> list[str]:
+    """One CUTLASS sm_100a translation unit -> an object file."""
+    incs = [f"-I{d}" for d in cutlass_includes()]
+    return [nvcc, "-O3", "-std=c++17", "-c", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr", "-DNDEBUG",
+            f"-gencode=arch=compute_{SM100},code=sm_{SM100}", *incs, "-o", str(out), str(source)]
 
 
 def build(archs: list[str], out: Path | None = None, quiet: bool = False) -> Path:
@@ -31,9 +57,19 @@ def build(archs: list[str], out: Path | None = None, quiet: bool = False) -> Pat
         raise RuntimeError("nvcc is not on PATH: the native library needs the CUDA toolkit to build")
     out = out or library_path()
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = command(archs, out, nvcc)
+    numeric = [a for a in archs if a != SM100]
+    if not numeric:
+        raise ValueError("name at least one numeric architecture for the decode kernels (e.g. --arch 90,100a)")
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True)
+    objs = [out.with_suffix(".decode.o")]
+    subprocess.run(command(numeric, objs[0], nvcc), check=True)
+    if SM100 in archs:
+        for src in SM100_SOURCES:
+            objs.append(out.with_suffix(f".{src.stem}.o"))
+            subprocess.run(sm100_command(src, objs[-1], nvcc), check=True)
+    subprocess.run([nvcc, "-shared", "-cudart", "static", "-o", str(out), *map(str, objs)], check=True)
+    for o in objs:
+        o.unlink()
     if not quiet:
         print(f"built {out} for sm_{', sm_'.join(archs)} in {time.perf_counter() - t0:.0f} s")
     return out

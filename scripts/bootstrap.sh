@@ -40,7 +40,9 @@ import importlib.metadata as md
 import importlib.util as u
 # pytest-xdist: the README's `pytest -n 16` GPU command (the CPU command stays one process, see README)
 need = {"numpy": "numpy", "pytest": "pytest>=8", "hypothesis": "hypothesis>=6", "transformers": "transformers>=4.56",
-        "safetensors": "safetensors>=0.4", "tqdm": "tqdm", "matplotlib": "matplotlib", "xdist": "pytest-xdist>=3"}
+        "safetensors": "safetensors>=0.4", "tqdm": "tqdm", "matplotlib": "matplotlib", "xdist": "pytest-xdist>=3",
+        # the CUTLASS / CuTe headers: the CI compile check of cutlass_ext's sm_100a GEMMs
+        "cutlass_library": "nvidia-cutlass==4.2.0.0"}
 out = [v for k, v in need.items() if u.find_spec(k) is None]
 # the editable install below builds without isolation, with this setuptools: before 70.1 it needs the `wheel`
 # package for that (a Python 3.11 venv ships setuptools 65 without it)

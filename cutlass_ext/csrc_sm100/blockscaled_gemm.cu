@@ -1,0 +1,134 @@
+// Blackwell (sm_100a) block-scaled GEMMs through CUTLASS's tcgen05 collectives:
+//   D[M, N] (bf16) = alpha * (A x SFA) @ (B x SFB)^T
+// A: the quantized activations [M, K], B: the quantized weights [N, K], both K-major; SFA / SFB: their block
+// scales in the layout the instruction reads (cutlass::detail::Sm1xxBlockScaledConfig; ht_sm100_sf_elements gives
+// each one's size).  Formats: kind 0 NVFP4 x NVFP4 (e2m1, e4m3 scales per 16), kind 1 MXFP4 x MXFP4 (e2m1, e8m0
+// per 32), kind 2 MXFP8 activations x MXFP4 weights (the W4A8 mxf8f6f4 MMA).
+//
+// Compiled only for sm_100a (cutlass_ext/build.py --arch 100a, with the nvidia-cutlass headers); it has never run
+// (no Blackwell GPU here): the CI compile check proves the instantiations, nothing more.
+#include <cutlass/cutlass.h>
+#include <cute/tensor.hpp>
+#include <cutlass/detail/sm100_blockscaled_layout.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/thread/linear_combination.h>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+
+#include <cstdint>
+
+namespace {
+
+using namespace cute;
+
+template <class ElementPairA, class ElementPairB, int AlignA, int AlignB, class TileShape>
+struct BlockScaledGemm {
+  using ElementD = cutlass::bfloat16_t;
+  using LayoutA = cutlass::layout::RowMajor;     // [M, K], K contiguous
+  using LayoutB = cutlass::layout::ColumnMajor;  // the K x N operand of an [N, K] K-contiguous weight
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int AlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
+  using ClusterShape = Shape<_1, _1, _1>;
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm100, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, AlignD, ElementD, LayoutD,
+      AlignD, cutlass::epilogue::collective::EpilogueScheduleAuto>::CollectiveOp;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, ElementPairA, LayoutA, AlignA, ElementPairB,
+      LayoutB, AlignB, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::collective::KernelScheduleAuto>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, void>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using StrideA = typename Kernel::StrideA;
+  using StrideB = typename Kernel::StrideB;
+  using StrideD = typename Kernel::StrideD;
+  using Config = typename Mainloop::Sm1xxBlkScaledConfig;
+  using ElementA = typename Mainloop::ElementA;
+  using ElementB = typename Mainloop::ElementB;
+  using ElementSF = typename Mainloop::ElementSF;
+
+  static typename Gemm::Arguments arguments(const void* a, const void* sfa, const void* b, const void* sfb, void* d,
+                                            int m, int n, int k, float alpha) {
+    auto problem = make_shape(m, n, k, 1);
+    StrideA sa = make_stride(int64_t(k), Int<1>{}, int64_t(m) * k);
+    StrideB sb = make_stride(int64_t(k), Int<1>{}, int64_t(n) * k);
+    StrideD sd = make_stride(int64_t(n), Int<1>{}, int64_t(m) * n);
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        problem,
+        {static_cast<const ElementA*>(a), sa, static_cast<const ElementB*>(b), sb,
+         static_cast<const ElementSF*>(sfa), Config::tile_atom_to_shape_SFA(problem),
+         static_cast<const ElementSF*>(sfb), Config::tile_atom_to_shape_SFB(problem)},
+        {{alpha, 0.0f}, nullptr, sd, static_cast<ElementD*>(d), sd}};
+    return args;
+  }
+
+  static int run(const void* a, const void* sfa, const void* b, const void* sfb, void* d, int m, int n, int k,
+                 float alpha, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+    Gemm gemm;
+    auto args = arguments(a, sfa, b, sfb, d, m, n, k, alpha);
+    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return -1;
+    if (Gemm::get_workspace_size(args) > workspace_bytes) return -2;
+    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return -3;
+    return gemm.run(stream) == cutlass::Status::kSuccess ? 0 : -4;
+  }
+
+  static size_t workspace(int m, int n, int k) { return Gemm::get_workspace_size(arguments(0, 0, 0, 0, 0, m, n, k, 1)); }
+
+  static void sf_elements(int m, int n, int k, long long* sfa, long long* sfb) {
+    auto problem = make_shape(m, n, k, 1);
+    *sfa = size(filter_zeros(Config::tile_atom_to_shape_SFA(problem)));
+    *sfb = size(filter_zeros(Config::tile_atom_to_shape_SFB(problem)));
+  }
+};
+
+using NvFp4 = BlockScaledGemm<cutlass::nv_float4_t<cutlass::float_e2m1_t>, cutlass::nv_float4_t<cutlass::float_e2m1_t>,
+                              32, 32, Shape<_128, _128, _256>>;
+using MxFp4 = BlockScaledGemm<cutlass::mx_float4_t<cutlass::float_e2m1_t>, cutlass::mx_float4_t<cutlass::float_e2m1_t>,
+                              32, 32, Shape<_128, _128, _256>>;
+using MxFp8xFp4 = BlockScaledGemm<cutlass::mx_float8_t<cutlass::float_e4m3_t>,
+                                  cutlass::mx_float4_t<cutlass::float_e2m1_t>, 16, 128, Shape<_128, _128, _128>>;
+
+}  // namespace
+
+extern "C" {
+
+// kind: 0 NVFP4 x NVFP4, 1 MXFP4 x MXFP4, 2 MXFP8 x MXFP4.  0: launched; < 0: CUTLASS refused (-1 shape,
+// -2 workspace too small, -3 initialize, -4 run); -9: unknown kind.
+int ht_sm100_blockscaled_gemm(int kind, const void* a, const void* sfa, const void* b, const void* sfb, void* d, int m,
+                              int n, int k, float alpha, void* workspace, size_t workspace_bytes, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (kind) {
+    case 0: return NvFp4::run(a, sfa, b, sfb, d, m, n, k, alpha, workspace, workspace_bytes, s);
+    case 1: return MxFp4::run(a, sfa, b, sfb, d, m, n, k, alpha, workspace, workspace_bytes, s);
+    case 2: return MxFp8xFp4::run(a, sfa, b, sfb, d, m, n, k, alpha, workspace, workspace_bytes, s);
+    default: return -9;
+  }
+}
+
+size_t ht_sm100_blockscaled_workspace(int kind, int m, int n, int k) {
+  switch (kind) {
+    case 0: return NvFp4::workspace(m, n, k);
+    case 1: return MxFp4::workspace(m, n, k);
+    case 2: return MxFp8xFp4::workspace(m, n, k);
+    default: return 0;
+  }
+}
+
+// Elements of SFA / SFB (one byte each) in the instruction's scale layout for an M x N x K problem.
+int ht_sm100_sf_elements(int kind, int m, int n, int k, long long* sfa, long long* sfb) {
+  switch (kind) {
+    case 0: NvFp4::sf_elements(m, n, k, sfa, sfb); return 0;
+    case 1: MxFp4::sf_elements(m, n, k, sfa, sfb); return 0;
+    case 2: MxFp8xFp4::sf_elements(m, n, k, sfa, sfb); return 0;
+    default: return -9;
+  }
+}
+
+}  // extern "C"
