@@ -40,9 +40,7 @@ import importlib.metadata as md
 import importlib.util as u
 # pytest-xdist: the README's `pytest -n 16` GPU command (the CPU command stays one process, see README)
 need = {"numpy": "numpy", "pytest": "pytest>=8", "hypothesis": "hypothesis>=6", "transformers": "transformers>=4.56",
-        "safetensors": "safetensors>=0.4", "tqdm": "tqdm", "matplotlib": "matplotlib", "xdist": "pytest-xdist>=3",
-        # the CUTLASS / CuTe headers: the CI compile check of cutlass_ext's sm_100a GEMMs
-        "cutlass_library": "nvidia-cutlass==4.2.0.0"}
+        "safetensors": "safetensors>=0.4", "tqdm": "tqdm", "matplotlib": "matplotlib", "xdist": "pytest-xdist>=3"}
 out = [v for k, v in need.items() if u.find_spec(k) is None]
 # the editable install below builds without isolation, with this setuptools: before 70.1 it needs the `wheel`
 # package for that (a Python 3.11 venv ships setuptools 65 without it)
@@ -54,6 +52,10 @@ print(" ".join(out + (["setuptools>=70.1"] if old else [])))
 PYEOF
 )
 [ -z "$missing" ] || pipi $missing
+# the CUTLASS / CuTe headers for the compile check of cutlass_ext's sm_100a GEMMs: best effort (an index without
+# the package must not stop the rest; tests/test_cutlass_sm100.py then says it could not run)
+"$PY" -c "import cutlass_library" 2>/dev/null || pipi "nvidia-cutlass==4.2.0.0" \
+  || echo "bootstrap: nvidia-cutlass could not be installed; the sm_100a compile check will be skipped" >&2
 # the package itself, editable, without letting pip touch torch/triton; then checked again from outside the repo
 if ! why=$(install_problem); then
   echo "bootstrap: $why: pip install -e ."
