@@ -141,7 +141,10 @@ def tune_case(case: Case, log=print) -> dict:
             failed.append({**cand.to_json(), "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
     timed.sort(key=lambda r: r[0])
     for row in timed[:4]:
-        row[0] = _time(inp.runner(row[1]), 0.08, 20)
+        # the leaders are re-timed exactly as the benchmark times a row (its default 0.25 s budget): with 0.08 s
+        # the M = 4096 winners read 5-11 % faster in the tuner than in the benchmark (session 5) -- long bursts
+        # of large GEMMs run at lower clocks, and the table should rank what the benchmark (and a server) sees
+        row[0] = _time(inp.runner(row[1]), 0.25, 25)
     timed.sort(key=lambda r: r[0])
     for us, cand, err in timed[:3]:
         log(f"  {case.op} {case.scheme} {inp.call.shape_key} M={case.rows}: {cand.describe()} {us:.1f} us")
