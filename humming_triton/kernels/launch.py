@@ -27,9 +27,10 @@ def weight_format(qw: QuantWeight) -> dict:
 
 
 def launch_format(fmt: dict, k: int, block_k: int) -> dict:
-    if fmt["GROUP_K"] >= k and fmt["GROUP_K"] < block_k:
-        # one scale spans all of K: any group extent >= K means the same; >= BLOCK_K keeps one scale per tile
-        fmt = {**fmt, "GROUP_K": block_k}
+    if fmt["GROUP_K"] >= k and fmt["GROUP_K"] % block_k:
+        # one scale spans all of K: any group extent >= K means the same; a multiple of BLOCK_K keeps one scale
+        # per tile, so it can multiply the tile's fp32 partial product (K = 144, BLOCK_K = 128: extent 256)
+        fmt = {**fmt, "GROUP_K": -(-k // block_k) * block_k}
     return fmt
 
 
