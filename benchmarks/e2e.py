@@ -6,12 +6,17 @@ Each scheme is applied with ``ht.replace_linear``; every variant is timed eagerl
 (what serving engines do), optionally under ``torch.compile(fullgraph=True)`` too; the output is checked
 against the dequantized-weight model before timing.  Prints tokens/s and the ratio to bf16, writes JSON.
 
+``--generate``: also a real HF ``generate`` loop with a static KV cache (greedy, prompt of ``--prompt-len``,
+``--new-tokens`` tokens), eager and compiled (transformers' own decode compile, ``mode="reduce-overhead"``); decode
+tokens/s vs bf16 per variant; rows under ``generate`` in the JSON.
+
 ``--cpu``: a tiny model on the CPU (reference backend) -- the smoke mode CI runs; its times mean nothing.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import json
 import sys
 import time
@@ -82,7 +87,7 @@ def run(args) -> dict:
     dtype = torch.float32 if args.cpu else torch.bfloat16
     base = build(args.model, args.hidden, args.layers, args.vocab, device, dtype)
     ids = torch.randint(0, args.vocab, (args.batch, 1), device=device)
-    records = []
+    records, gen_rows = [], []
     variants = [("bf16", None)] + [(s, s) for s in args.schemes]
     for name, scheme in variants:
         model = copy.deepcopy(base) if scheme else base
@@ -122,8 +127,164 @@ def run(args) -> dict:
                 rec["compile_error"] = f"{type(e).__name__}: {e}"[:300]
         records.append(rec)
         print(_row(rec, records[0]), flush=True)
-    return {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-            "records": records, "note": "decode step without KV cache: tokens/s = batch / step time"}
+        if args.generate and "error" not in rec:
+            for g in _generate_rows(model, base, scheme, args, device):
+                g = {"model": args.model, "scheme": name, "hidden": args.hidden, "layers": args.layers,
+                     "batch": args.batch, **g}
+                bf16 = next((r for r in gen_rows if r["scheme"] == "bf16" and r["variant"] == g["variant"]), g)
+                if "decode_s" in g and "decode_s" in bf16:  # each variant against bf16 run the same way
+                    g["decode_ratio_vs_bf16"] = bf16["decode_s"] / g["decode_s"]
+                gen_rows.append(g)
+                print(_gen_row(g), flush=True)
+    result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
+              "records": records, "note": "decode step without KV cache: tokens/s = batch / step time"}
+    if args.generate:
+        import transformers
+        result["transformers"] = transformers.__version__
+        result["generate"] = gen_rows
+        result["generate_note"] = ("HF generate, greedy, static KV cache: prefill_s = generate with 1 new token; "
+                                   "decode_s = (generate(N) - generate(1)) / (N - 1); decode_tok_s = batch / decode_s")
+    return result
+
+# ---------------------------------------------------------------------------------------------------------------
+# --generate: HF's own decode loop with a static KV cache
+#
+# transformers 5.x auto-compiles the *decode* forward (not the prefill) whenever generate runs with a compileable
+# (static) cache on a GPU, using generation_config.compile_config (default mode "reduce-overhead" = CUDA graphs).
+# So "eager" must say disable_compile=True to be eager, and "compiled" passes an explicit CompileConfig.
+# The cache is one StaticCache object per (model, variant), reset before every call: a fresh cache per call (what
+# cache_implementation="static" does) gives the CUDA graphs new cache addresses each call, which can re-record them.
+
+
+def _gen_config(new_tokens: int, compiled: bool, **extra):
+    from transformers import CompileConfig, GenerationConfig
+    return GenerationConfig(
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+        disable_compile=not compiled,
+        compile_config=CompileConfig(fullgraph=True, mode="reduce-overhead") if compiled else None, **extra)
+
+
+def _generate(model, ids, cache, cfg):
+    """One greedy generate call on the reused static cache (the cache kwarg was renamed past_key_values -> cache)."""
+    kw = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    cache.reset()
+    return model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg, **{kw: cache})
+
+
+def _wall(fn, device) -> float:
+    """Wall seconds of one ``fn()``: generate syncs with the host every step anyway, so the host clock is the truth."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def _time_generate(model, ids, args, device, compiled: bool) -> dict:
+    """prefill_s = generate(1 new token) (one forward: the prefill); decode_s = the extra time of generate(N) over
+    generate(1), per decode step (N - 1 of them).  Medians over --gen-reps alternating calls."""
+    from transformers import StaticCache
+    n = args.new_tokens
+    cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + n)
+    cfg_n, cfg_1 = _gen_config(n, compiled), _gen_config(1, compiled)
+    if compiled:
+        # every model's __call__ is one code object to dynamo: without a reset, bf16 + 4 schemes (+ --compile's
+        # graphs) can pass its recompile limit (8), after which it would silently run eagerly
+        torch._dynamo.reset()
+    t_n, t_1 = [], []
+    with torch.no_grad():
+        for _ in range(2):  # warm-up; compiled: the first call compiles, the next record / replay the CUDA graphs
+            out = _generate(model, ids, cache, cfg_n)
+            _generate(model, ids, cache, cfg_1)
+        for _ in range(args.gen_reps):
+            t_n.append(_wall(lambda: _generate(model, ids, cache, cfg_n), device))
+            t_1.append(_wall(lambda: _generate(model, ids, cache, cfg_1), device))
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    prefill, total = med(t_1), med(t_n)
+    decode = max(total - prefill, 1e-9) / max(n - 1, 1)
+    return {"prefill_s": prefill, "generate_s": total, "decode_s": decode, "decode_tok_s": args.batch / decode,
+            "tokens": out[:, ids.shape[1]:].tolist()}
+
+
+def _generate_rows(model, base, scheme, args, device) -> list:
+    """The eager and compiled generate rows of one variant; for a quantized model also the token check."""
+    torch.manual_seed(1)
+    ids = torch.randint(0, args.vocab, (args.batch, args.prompt_len), device=device)
+    # a random model would stop at whatever it thinks is EOS: no EOS at all (min_new_tokens is the second belt)
+    model.generation_config.eos_token_id = None
+    rows, eager_tokens = [], None
+    for variant in ("eager", "compiled"):
+        row = {"variant": variant, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens}
+        rows.append(row)
+        if variant == "compiled" and device.type != "cuda":
+            # reduce-overhead = CUDA graphs, which the CPU has not; inductor's C++ codegen instead took 17 s for the
+            # 2-layer bf16 smoke model alone (transformers also refuses to auto-compile on CPU unless forced)
+            row["skipped"] = ("compiled generate needs a CUDA GPU (mode='reduce-overhead' is CUDA graphs; "
+                              "inductor on CPU compiles for ~17 s per model, too slow for the smoke run)")
+            continue
+        try:
+            row.update(_time_generate(model, ids, args, device, compiled=variant == "compiled"))
+            if variant == "eager":
+                eager_tokens = row["tokens"]
+                if scheme:
+                    row.update(_token_check(model, base, ids, args))
+            elif eager_tokens is not None:  # inductor may round bf16 differently: report, do not fail
+                row["tokens_match_eager"] = _leading_match(row["tokens"], eager_tokens)
+        except Exception as e:  # noqa: BLE001 -- a failing variant is a row, not a crash
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        finally:
+            # generate caches its compiled forward on the model; a later deepcopy must not inherit it
+            for attr in ("_compiled_call", "_last_compile_config"):
+                model.__dict__.pop(attr, None)
+        row.pop("tokens", None)
+    return rows
+
+
+def _leading_match(a: list, b: list) -> int:
+    """How many leading tokens agree in every sequence of the batch."""
+    n = 0
+    while all(n < len(x) and n < len(y) and x[n] == y[n] for x, y in zip(a, b)):
+        n += 1
+    return n
+
+
+def _token_check(qmodel, base, ids, args) -> dict:
+    """Greedy tokens of the quantized model vs its dequantized twin (eager), and the prefill logits' relative error.
+    In fp32 on the CPU they agree; in bf16 on a GPU a random model's near-tied logits may flip a later token."""
+    twin = _dequantized_twin(qmodel, base)
+    twin.generation_config.eos_token_id = None
+    from transformers import StaticCache
+    cfg = _gen_config(args.new_tokens, False, return_dict_in_generate=True, output_logits=True)
+    outs = []
+    with torch.no_grad():
+        for m in (qmodel, twin):
+            cache = StaticCache(config=m.config, max_cache_len=ids.shape[1] + args.new_tokens)
+            outs.append(_generate(m, ids, cache, cfg))
+    q, t = (o.sequences[:, ids.shape[1]:].tolist() for o in outs)
+    lq, lt = outs[0].logits[0].float(), outs[1].logits[0].float()
+    checked = min(args.check_tokens, args.new_tokens)
+    matched = _leading_match(q, t)
+    return {"tokens_matched": matched, "tokens_checked": checked, "tokens_ok": matched >= checked,
+            "first_logits_rel_err": float((lq - lt).norm() / lt.norm())}
+
+
+def _gen_row(row: dict) -> str:
+    head = f"{row['scheme']:>10} generate {row['variant']:>8}:"
+    if "skipped" in row:
+        return f"{head} skipped: {row['skipped']}"
+    if "error" in row:
+        return f"{head} failed: {row['error']}"
+    ratio = f"{row['decode_ratio_vs_bf16']:.2f}x" if "decode_ratio_vs_bf16" in row else "n/a"
+    out = f"{head} decode {row['decode_tok_s']:8.1f} tok/s ({ratio} bf16)  prefill {row['prefill_s'] * 1e3:.1f} ms"
+    if "tokens_matched" in row:
+        out += (f"  tokens vs dequantized {row['tokens_matched']}/{row['new_tokens']}"
+                f"{'' if row['tokens_ok'] else ' [MISMATCH in the first %d]' % row['tokens_checked']}"
+                f"  logits err {row['first_logits_rel_err']:.1e}")
+    if row.get("tokens_match_eager") is not None:
+        out += f"  tokens vs eager {row['tokens_match_eager']}/{row['new_tokens']}"
+    return out
 
 
 def _dequantized_twin(qmodel, base):
@@ -170,6 +331,13 @@ def main(argv=None) -> int:
     ap.add_argument("--schemes", default="w4a16,w8a16,mxfp4,nvfp4")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(fullgraph=True)")
+    ap.add_argument("--generate", action="store_true",
+                    help="also time HF generate with a static KV cache, eager and compiled (reduce-overhead)")
+    ap.add_argument("--prompt-len", type=int, default=32, help="--generate: prompt tokens")
+    ap.add_argument("--new-tokens", type=int, default=64, help="--generate: tokens generated per call")
+    ap.add_argument("--gen-reps", type=int, default=5, help="--generate: timed generate calls (median)")
+    ap.add_argument("--check-tokens", type=int, default=4,
+                    help="--generate: leading greedy tokens that must equal the dequantized twin's")
     ap.add_argument("--cpu", action="store_true", help="tiny CPU smoke run (reference backend)")
     ap.add_argument("--backend", default=None, help="backend of the quantized layers (default: auto; --cpu: reference)")
     ap.add_argument("--out", default=None, help="write the JSON here")
@@ -180,6 +348,7 @@ def main(argv=None) -> int:
     threads = torch.get_num_threads()
     if args.cpu:
         args.hidden, args.layers, args.vocab, args.reps = 256, 2, 512, 3
+        args.prompt_len, args.new_tokens, args.gen_reps = min(args.prompt_len, 8), min(args.new_tokens, 6), 2
         torch.set_num_threads(1)  # tiny matmuls: thread hand-offs cost more than they save (minutes on 2 cores)
     elif not torch.cuda.is_available():
         print("benchmarks.e2e needs a CUDA GPU (or --cpu for the smoke run)", file=sys.stderr)
@@ -191,7 +360,7 @@ def main(argv=None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-    return 1 if any(k.endswith("error") for r in result["records"] for k in r) else 0
+    return 1 if any(k.endswith("error") for r in result["records"] + result.get("generate", []) for k in r) else 0
 
 
 if __name__ == "__main__":
