@@ -13,7 +13,8 @@ CASES = [("w4a16", 1), ("w4a16", 16), ("w4a16", 256), ("nvfp4", 1), ("mxfp4", 64
          ("w3a16", 16), ("w3a16", 256), ("w2a16", 64), ("w2a16", 256), ("w4a16-asym", 64), ("w4a16-asym", 256), ("w1a16", 256),
          ("w8a16-fp8-block", 256), ("nvfp4", 256), ("w8a8-fp8", 16), ("w4a8-mxfp4", 16), ("w4a8-fp8", 1),
          ("w8a8-int8", 256), ("w4a8-int8", 64), ("w4a4-mxfp4", 1), ("w4a4-nvfp4", 16), ("w4a4-nvfp4", 256),
-         ("w8a8-fp8", 64), ("w8a8-fp8-block", 256), ("w4a8-mxfp4", 256)]
+         ("w8a8-fp8", 64), ("w8a8-fp8-block", 256), ("w4a8-mxfp4", 256), ("w8a8-mxfp8", 16),
+         ("w8a8-mxfp8", 256)]
 
 GROUPED = [("w4a16", 16), ("nvfp4", 64), ("w3a16", 64), ("w4a16-asym", 64), ("w2a16", 64), ("mxfp4", 16),
            ("w8a8-fp8", 16), ("w8a8-fp8", 64), ("w8a8-int8", 64), ("w4a4-nvfp4", 64)]
@@ -67,10 +68,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from humming_triton.kernels._act_quant import act_quant_kernel
 names = act_quant_kernel.arg_names
-for kind, scale_kind in ((1, 0), (2, 0), (3, 1), (3, 2)):
+for kind, scale_kind in ((1, 0), (2, 0), (1, 1), (3, 1), (3, 2)):
     for xt in ("*fp16", "*bf16", "*fp32"):
-        consts = dict(KIND=kind, SCALE_KIND=scale_kind, GROUP_K=128, BLOCK_K=128)
-        ptrs = {"x_ptr": xt, "codes_ptr": "*u8", "scales_ptr": "*fp32" if kind < 3 else "*u8", "gs_ptr": "*fp32"}
+        consts = dict(KIND=kind, SCALE_KIND=scale_kind, GROUP_K=128, BLOCK_K=128, SCALE_VALUES=False)
+        ptrs = {"x_ptr": xt, "codes_ptr": "*u8", "scales_ptr": "*fp32" if scale_kind == 0 else "*u8",
+                "gs_ptr": "*fp32"}
         sig = {a: ("constexpr" if a in consts else ptrs.get(a, "i32")) for a in names}
         src = ASTSource(fn=act_quant_kernel, signature=sig,
                         constexprs={(names.index(a),): v for a, v in consts.items()})
@@ -87,4 +89,4 @@ def test_activation_quantizer_divides_exactly_on_hopper():
                          timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
-    assert len(lines) == 12 and all(line.endswith("True False") for line in lines), lines
+    assert len(lines) == 15 and all(line.endswith("True False") for line in lines), lines

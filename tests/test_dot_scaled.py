@@ -1,9 +1,9 @@
-"""The block-scaled ``dot_scaled`` family (issue 16, Triton part): W4A4 MXFP4 x MXFP4, W4A4 NVFP4 x NVFP4 and W4A8
-MXFP4 x e4m3 -- against the reference under the CPU interpreter, opt-in in dispatch, and compiled for sm_100a /
+"""The block-scaled ``dot_scaled`` family (issue 16, Triton part): W4A4 MXFP4 x MXFP4, W4A4 NVFP4 x NVFP4, W4A8
+MXFP4 x e4m3 and W8A8 MXFP8 x MXFP8 -- against the reference under the CPU interpreter, opt-in in dispatch, and compiled for sm_100a /
 sm_120a with the block-scaled MMA in the PTX (no Blackwell GPU has run it).
 
-Under the interpreter: Triton 3.8 emulates ``tl.dot_scaled`` (numpy, e8m0 scales only), so the MXFP4 and W4A8
-cases run the very ``tl.dot_scaled`` calls a GPU compiles; NVFP4's e4m3 scales would be read as e8m0 there, so
+Under the interpreter: Triton 3.8 emulates ``tl.dot_scaled`` (numpy, e8m0 scales only), so the MXFP4, W4A8 and
+MXFP8 cases run the very ``tl.dot_scaled`` calls a GPU compiles; NVFP4's e4m3 scales would be read as e8m0 there, so
 its case runs the kernel's EMULATE branch (same loads, nibble handling and epilogue; the scales decoded in the
 kernel and an fp32 ``tl.dot``) -- the e4m3-scaled MMA itself is checked only by compiling.
 """
@@ -30,7 +30,7 @@ from humming_triton.kernels.dense import default_config, triton_linear
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "compile_check.py")
-SCHEMES = ("w4a4-mxfp4", "w4a4-nvfp4", "w4a8-mxfp4")
+SCHEMES = ("w4a4-mxfp4", "w4a4-nvfp4", "w4a8-mxfp4", "w8a8-mxfp8")
 
 interpreter = pytest.mark.skipif(not interpreting(), reason="CPU interpreter test (TRITON_INTERPRET=1)")
 
@@ -71,6 +71,15 @@ def test_weight_bytes_are_dot_scaled_packing(rng):
     assert b.shape == (8, 32)
     assert torch.equal(b & 15, codes[:, 0::2]) and torch.equal(b >> 4, codes[:, 1::2])
     assert qw.scales.dtype == torch.uint8 and qw.scales.shape == (8, 2)  # [N, K / 32]: rhs_scale as it is
+
+
+def test_mxfp8_weight_bytes_are_codes_in_k_order(rng):
+    """MXFP8: the kpack32 words of e4m3 codes read as bytes are the codes themselves, K in order (the [N, K]
+    operand tl.dot_scaled takes for e4m3)."""
+    qw = quantize_weight(torch.randn(8, 64, generator=rng), "w8a8-mxfp8")
+    codes = unpack_codes(qw.data, 8, 64)
+    assert torch.equal(qw.data.contiguous().view(torch.uint8).to(torch.int32), codes)
+    assert qw.scales.dtype == torch.uint8 and qw.scales.shape == (8, 2)
 
 
 def test_opt_in_only():

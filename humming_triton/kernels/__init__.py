@@ -40,10 +40,11 @@ def fp8_path_reason(op: str, scheme: QuantScheme) -> str | None:
         if a.group_k & (a.group_k - 1):
             return f"activation group {a.group_k} must be a power of two"
         return None
-    if str(a.dtype) not in ("e4m3fn", "int8") or str(a.scale_dtype) != "fp32" or a.static or a.global_scale \
-            or not a.per_token:
+    mx8 = str(a.dtype) == "e4m3fn" and str(a.scale_dtype) == "e8m0" and a.group_k  # MXFP8 block scales
+    if str(a.dtype) not in ("e4m3fn", "int8") or (str(a.scale_dtype) != "fp32" and not mx8) or a.static \
+            or a.global_scale or not a.per_token:
         return f"activation quantization {a} has no Triton kernel yet (e4m3 / int8 with fp32 per-token or group " \
-               f"scales only)"
+               f"scales, or e4m3 with e8m0 group scales, only)"
     if a.group_k and (a.group_k < 32 or a.group_k & (a.group_k - 1)):
         return f"activation group {a.group_k} must be a power of two >= 32"
     grid = set(parse_element_type(str(a.dtype)).value_table().tolist())

@@ -1,6 +1,6 @@
 """Dynamic activation quantization (per token or per group of K), the prologue of the quantized-activation
-GEMM paths: e4m3 or int8 codes with fp32 scales, and e2m1 codes (W4A4) with e8m0 (MX) or e4m3 + fp32 global
-(NV) block scales.
+GEMM paths: e4m3 or int8 codes with fp32 scales, e4m3 codes with e8m0 block scales (MXFP8), and e2m1 codes
+(W4A4) with e8m0 (MX) or e4m3 + fp32 global (NV) block scales.
 
 Matches ``formats.activation.quantize_activation`` code for code: ``s = amax / qmax`` rounded to fp32 (1 for an
 all-zero group; qmax 448 for e4m3, 127 for int8), ``code = round-to-nearest-even(x / s)`` with the quotient in
@@ -53,9 +53,10 @@ def round_to_e2m1(q):
 
 
 @triton.jit
-def e2m1_scale(a, gs, SCALE_KIND: tl.constexpr):
-    """Block amax (fp32) -> (stored scale code, effective float64 divisor) of an e2m1 block."""
-    ideal = a.to(tl.float64) / 6.0
+def block_scale(a, gs, QMAX: tl.constexpr, SCALE_KIND: tl.constexpr):
+    """Block amax (fp32) -> (stored scale code, effective float64 divisor) of an e2m1 (QMAX 6) or e4m3 (448)
+    block with an e8m0 (SCALE_KIND 1) or e4m3-times-global (2) scale."""
+    ideal = a.to(tl.float64) / QMAX
     if SCALE_KIND == 2:
         ideal = ideal / gs
     ideal = tl.where(ideal > 0, ideal, 1.0)
@@ -70,9 +71,12 @@ def e2m1_scale(a, gs, SCALE_KIND: tl.constexpr):
 
 @triton.jit
 def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_cm, stride_sm,
-                     KIND: tl.constexpr, SCALE_KIND: tl.constexpr, GROUP_K: tl.constexpr, BLOCK_K: tl.constexpr):
+                     KIND: tl.constexpr, SCALE_KIND: tl.constexpr, GROUP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                     SCALE_VALUES: tl.constexpr):
     """Program (row, group): GROUP_K columns of one row (the whole row for per-token, walked BLOCK_K at a time).
-    KIND 1 e4m3 / 2 int8 (fp32 scales) / 3 e2m1; SCALE_KIND 0 fp32, 1 e8m0, 2 e4m3 times the global at gs_ptr."""
+    KIND 1 e4m3 / 2 int8 / 3 e2m1; SCALE_KIND 0 fp32, 1 e8m0 (e2m1 or e4m3 codes), 2 e4m3 times the global at
+    gs_ptr (e2m1 codes).  SCALE_VALUES: store an e8m0 scale's value as fp32 instead of its code (for tile loops
+    that multiply fp32 scales into partial products; the value is exact)."""
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     k_begin = g * GROUP_K
@@ -89,13 +93,16 @@ def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_
         nonfinite = tl.maximum(nonfinite, tl.where(finite, 0, 1))
     a = tl.max(amax, axis=0)
     bad = tl.max(nonfinite, axis=0) > 0
-    if KIND == 3:
+    if SCALE_KIND != 0:
         gs = 1.0
         if SCALE_KIND == 2:
             gs = tl.load(gs_ptr).to(tl.float64)
-        code, eff = e2m1_scale(a, gs, SCALE_KIND)
-        code = tl.where(bad, 255 if SCALE_KIND == 1 else 127, code)
-        tl.store(scales_ptr + row * stride_sm + g, code.to(tl.uint8))
+        code, eff = block_scale(a, gs, 6.0 if KIND == 3 else 448.0, SCALE_KIND)
+        if SCALE_VALUES:
+            tl.store(scales_ptr + row * stride_sm + g, tl.where(bad, float("nan"), eff.to(tl.float32)))
+        else:
+            code = tl.where(bad, 255 if SCALE_KIND == 1 else 127, code)
+            tl.store(scales_ptr + row * stride_sm + g, code.to(tl.uint8))
     else:
         QMAX: tl.constexpr = 448.0 if KIND == 1 else 127.0
         # IEEE division (div_rn): "/" on fp32 compiles to an approximate division on the GPU; the reference

@@ -10,7 +10,8 @@ Operands, all read in their canonical layout (no per-call repacking):
 * weight ``w_ptr``: the ``kpack32`` int32 words of e2m1 codes (8 per word, LSB first along K), read as bytes --
   byte ``j`` of a row holds codes ``2j`` (low nibble) and ``2j + 1`` (high nibble), which is exactly the packed
   e2m1 layout ``tl.dot_scaled`` takes (two codes per uint8, the first in the low bits, packed along K).  Loaded
-  [BLOCK_N, BLOCK_K / 2] and transposed to the [K, N] right-hand side (``rhs_k_pack``).
+  [BLOCK_N, BLOCK_K / 2] and transposed to the [K, N] right-hand side (``rhs_k_pack``).  W_FMT 1 (MXFP8): words
+  of four e4m3 codes, LSB first, so byte ``j`` is code ``j``: loaded [BLOCK_N, BLOCK_K].
 * weight scales ``s_ptr``: uint8 [N, K / G] codes, e8m0 (G = 32) or e4m3 (G = 16, NVFP4) -- the [N, K / G]
   ``rhs_scale`` shape ``tl.dot_scaled`` wants, untransposed.
 * activations ``x_ptr``: ``triton_quantize_activation``'s uint8 [M, K] codes, one per byte.  X_FMT 0: e2m1
@@ -66,7 +67,7 @@ def dense_scaled_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_GLOBAL: tl.constexpr,
     X_FMT: tl.constexpr, X_SCALE: tl.constexpr, W_SCALE: tl.constexpr, SCALE_GROUP: tl.constexpr,
-    W_AS_E4M3: tl.constexpr, EMULATE: tl.constexpr,
+    W_FMT: tl.constexpr, W_AS_E4M3: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """y [M, N] = x [M, K] @ w[N, K]^T with both operands block-scaled.  ``stride_wn`` counts int32 words and
     ``stride_sn`` / ``stride_xsm`` scale codes; W_SCALE 1 e8m0 / 2 e4m3; SCALE_GROUP 32 (MX) or 16 (NV)."""
@@ -87,6 +88,7 @@ def dense_scaled_kernel(
     t_end = tl.minimum(t_begin + tiles, tl.cdiv(K, BLOCK_K))
 
     HALF_K: tl.constexpr = BLOCK_K // 2
+    W_BYTES: tl.constexpr = HALF_K if W_FMT == 0 else BLOCK_K  # weight bytes per row per K tile
     GROUPS: tl.constexpr = BLOCK_K // SCALE_GROUP
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     xs_rows = xs_ptr + offs_m[:, None].to(tl.int64) * stride_xsm
@@ -98,7 +100,7 @@ def dense_scaled_kernel(
     for t in range(t_begin, t_end):
         k0 = t * BLOCK_K
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        offs_b = k0 // 2 + tl.arange(0, HALF_K)
+        offs_b = (k0 // 2 if W_FMT == 0 else k0) + tl.arange(0, W_BYTES)
         offs_g = k0 // SCALE_GROUP + tl.arange(0, GROUPS)
         if EVEN_K:
             x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None], other=0)
@@ -106,7 +108,8 @@ def dense_scaled_kernel(
             sw = tl.load(s_rows + offs_g[None, :], mask=mask_n[:, None], other=S_OTHER)
         else:
             x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k[None, :] < K), other=0)
-            wb = tl.load(w_rows + offs_b[None, :], mask=mask_n[:, None] & (offs_b[None, :] < K // 2), other=0)
+            wb = tl.load(w_rows + offs_b[None, :],
+                         mask=mask_n[:, None] & (offs_b[None, :] < (K // 2 if W_FMT == 0 else K)), other=0)
             sw = tl.load(s_rows + offs_g[None, :], mask=mask_n[:, None] & (offs_g[None, :] < K // SCALE_GROUP),
                          other=S_OTHER)
         if X_SCALE != 0:
@@ -132,7 +135,9 @@ def dense_scaled_kernel(
             else:
                 if X_SCALE == 0:  # unit e8m0 scales (127 = 1.0): without an lhs_scale Triton emulates the MMA in bf16
                     sx = tl.full((BLOCK_M, GROUPS), 127, tl.uint8)
-                if W_AS_E4M3:  # e2m1 -> e4m3 codes (exact): an e4m3 x e4m3 block-scaled MMA
+                if W_FMT == 1:  # MXFP8 x MXFP8
+                    acc = tl.dot_scaled(x, sx, "e4m3", tl.trans(wb), sw, "e4m3", acc)
+                elif W_AS_E4M3:  # e2m1 -> e4m3 codes (exact): an e4m3 x e4m3 block-scaled MMA
                     acc = tl.dot_scaled(x, sx, "e4m3", tl.trans(_e2m1_bytes_to_e4m3(wb, BLOCK_N, BLOCK_K)), sw,
                                         "e4m3", acc)
                 else:

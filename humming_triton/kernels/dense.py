@@ -87,17 +87,21 @@ def check_act_group(spec: ActQuant, k: int) -> None:
         raise ValueError(f"activation group size {spec.group_k} does not divide K={k}")
 
 
-def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: torch.Tensor | None = None
-                               ) -> QuantActivation:
+def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: torch.Tensor | None = None,
+                               scale_values: bool = False) -> QuantActivation:
     """``x [M, K]`` -> its ``QuantActivation`` (codes uint8 [M, K]: e4m3 / two's-complement int8 / e2m1;
     scales [M, groups]: fp32, or e8m0 / e4m3 codes), as ``formats.activation.quantize_activation`` makes it.
-    NV's global scale is amax(x) / (6 * 448) per call, or the calibrated ``input_scale`` when the spec is static."""
+    NV's global scale is amax(x) / (6 * 448) per call, or the calibrated ``input_scale`` when the spec is static.
+    ``scale_values``: e8m0 scales come back as their exact fp32 values (for the tile loops that multiply fp32
+    scales into partial products), not as codes."""
     m, k = x2.shape
     g = spec.group_k or k
     check_act_group(spec, k)
     codes = torch.empty(m, k, dtype=torch.uint8, device=x2.device)
     wide = str(spec.scale_dtype) == "fp32"
-    scales = torch.empty(m, -(-k // g), dtype=torch.float32 if wide else torch.uint8, device=x2.device)
+    scale_values = scale_values and str(spec.scale_dtype) == "e8m0"
+    scales = torch.empty(m, -(-k // g), dtype=torch.float32 if wide or scale_values else torch.uint8,
+                         device=x2.device)
     # NV's per-tensor scale: the reference's formula, over the finite values (a NaN / inf row must not spoil the
     # other rows' scales; the quantizer gives that row a NaN scale)
     gscale = triton_global_scale(x2, spec) if spec.global_scale and input_scale is None else \
@@ -107,7 +111,7 @@ def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: to
         act_quant_kernel[(m, scales.shape[1])](
             x2, codes, scales, gscale if gscale is not None else scales, k, x2.stride(0), codes.stride(0),
             scales.stride(0), KIND=ACT_KINDS[str(spec.dtype)], SCALE_KIND=ACT_SCALE_KINDS[str(spec.scale_dtype)],
-            GROUP_K=g, BLOCK_K=block)
+            GROUP_K=g, BLOCK_K=block, SCALE_VALUES=scale_values)
     return QuantActivation(codes, scales, spec, gscale)
 
 
@@ -295,7 +299,7 @@ def act_linear(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: torch.T
     (w, s, z, g), strides = weight_args(qw)
     split = cfg.split_k
     y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x.device)
-    q = triton_quantize_activation(x2, act, qw.input_scale)
+    q = triton_quantize_activation(x2, act, qw.input_scale, scale_values=consts["ACT_KIND"] in (1, 2, 5))
     if q.global_scale is not None:  # NV activations: both global scales multiply the accumulator once
         g = q.global_scale * qw.global_scale if qw.global_scale is not None else q.global_scale.reshape(1)
     b = bias if bias is not None else y

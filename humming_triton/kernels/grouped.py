@@ -66,7 +66,7 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
     gscale, stride_ge, has_global = qw.global_scale, 1, fmt["HAS_GLOBAL"]
     xs, stride_xsm, act_group = x, 0, 1
     if act is not None:  # quantize the rows once (the reference quantizes the whole x too), then tile on codes
-        q = triton_quantize_activation(x, act, qw.input_scale)
+        q = triton_quantize_activation(x, act, qw.input_scale, scale_values=kind in (1, 2, 5))
         x, xs, stride_xsm, act_group = q.codes, q.scales, q.scales.stride(0), act.group_k or PER_TOKEN
         if q.global_scale is not None:  # NV activations: both global scales multiply the accumulator once
             gscale = q.global_scale * qw.global_scale if has_global else q.global_scale.reshape(1)

@@ -1,14 +1,11 @@
-"""``dot_scaled``: the block-scaled MMA tile loop (``_dense_scaled.py``, ``tl.dot_scaled``) for MXFP4 weights
-against quantized activations -- W4A4 MXFP4 x MXFP4 (``w4a4-mxfp4``), W4A4 NVFP4 x NVFP4 (``w4a4-nvfp4``) and
-W4A8 MXFP4 x e4m3 with per-token fp32 scales (``w4a8-mxfp4``).  Issue 16.
+"""``dot_scaled``: the block-scaled MMA tile loop (``_dense_scaled.py``, ``tl.dot_scaled``) for MX / NV weights
+against quantized activations -- W4A4 MXFP4 x MXFP4 (``w4a4-mxfp4``), W4A4 NVFP4 x NVFP4 (``w4a4-nvfp4``),
+W4A8 MXFP4 x e4m3 with per-token fp32 scales (``w4a8-mxfp4``) and W8A8 MXFP8 x MXFP8 (``w8a8-mxfp8``).  Issue 16.
 
 Opt-in: its MMA is "block_scaled" (capability.py: SM 10.0 and 12.0), so neither the H200 nor the interpreter's
 posed H200 facts offer it, and the built-in heuristic (configs.py) never names it -- only a measured table from
 a Blackwell GPU could pick it.  Compiled for sm_100a / sm_120a and checked on CPU (tests/test_dot_scaled.py);
 it has never run on a GPU.
-
-Not implemented: MXFP8 activations (e4m3 codes with e8m0 group-32 scales) -- ``tl.dot_scaled`` takes them, but no
-scheme preset has them and ``triton_quantize_activation`` writes only fp32 scales for e4m3 codes.
 """
 from __future__ import annotations
 
@@ -20,23 +17,25 @@ from . import Family, register
 
 C = KernelConfig
 
-# scheme shapes this family runs: (weight scale dtype, group, global) x (act dtype, act scale dtype, group)
-_MX = ("e8m0", 32, False)
-_NV = ("e4m3fn", 16, True)
-KINDS = {  # name -> (weight scale, activation (dtype, scale dtype, group_k, global))
-    "mxfp4": (_MX, ("e2m1", "e8m0", 32, False)),
-    "nvfp4": (_NV, ("e2m1", "e4m3fn", 16, True)),
-    "w4a8-mxfp4": (_MX, ("e4m3fn", "fp32", 0, False)),
+# scheme shapes this family runs: (weight dtype, scale dtype, group, global) x (act dtype, scale dtype, group, global)
+_MX4 = ("e2m1", "e8m0", 32, False)
+_NV4 = ("e2m1", "e4m3fn", 16, True)
+KINDS = {  # name -> (weight, activation)
+    "mxfp4": (_MX4, ("e2m1", "e8m0", 32, False)),
+    "nvfp4": (_NV4, ("e2m1", "e4m3fn", 16, True)),
+    "w4a8-mxfp4": (_MX4, ("e4m3fn", "fp32", 0, False)),
+    "mxfp8": (("e4m3fn", "e8m0", 32, False), ("e4m3fn", "e8m0", 32, False)),
 }
+W_FMT = {"e2m1": 0, "e4m3fn": 1}  # the kernel's W_FMT: packed e2m1 pairs / one e4m3 code per byte
 SCALE_KIND = {"e8m0": 1, "e4m3fn": 2}  # the kernel's W_SCALE / X_SCALE (0: fp32 per-token activation scales)
 
 
 def scheme_kind(scheme) -> str | None:
     """Which of KINDS a scheme is (None: not one this family runs)."""
     s, a = scheme, scheme.act
-    if a is None or str(s.weight) != "e2m1" or s.zero != "none" or s.scale.block_n != 1:
+    if a is None or s.zero != "none" or s.scale.block_n != 1:
         return None
-    w = (str(s.scale.dtype), s.scale.block_k, s.scale.global_scale)
+    w = (str(s.weight), str(s.scale.dtype), s.scale.block_k, s.scale.global_scale)
     act = (str(a.dtype), str(a.scale_dtype), a.group_k, a.global_scale)
     for name, (wk, ak) in KINDS.items():
         if w == wk and act == ak and a.per_token and (not a.static or a.global_scale):
@@ -53,14 +52,15 @@ def constexprs(call: Call, cfg: KernelConfig, has_bias: bool, emulate: bool = Fa
     On sm_100 e4m3 x e2m1 does lower natively (tcgen05 kind::mxf8f6f4), so W_AS_E4M3=False is a variant worth
     timing there once a Blackwell GPU is lent; one variant for both archs until then."""
     kind = scheme_kind(call.scheme)
-    (wsd, group, glob), (adt, asd, _, aglob) = KINDS[kind]
+    (wdt, wsd, group, glob), (adt, asd, _, aglob) = KINDS[kind]
     bk = cfg.block_k
     if bk < 64 or bk & (bk - 1):
         raise ValueError(f"dot_scaled needs a power-of-two BLOCK_K >= 64 (got {bk})")
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k,
                 EVEN_K=call.k % bk == 0, HAS_BIAS=has_bias, HAS_GLOBAL=glob or aglob,
                 X_FMT=0 if adt == "e2m1" else 1, X_SCALE=SCALE_KIND.get(asd, 0), W_SCALE=SCALE_KIND[wsd],
-                SCALE_GROUP=group, W_AS_E4M3=adt == "e4m3fn", EMULATE=emulate and wsd == "e4m3fn")
+                W_FMT=W_FMT[wdt], SCALE_GROUP=group, W_AS_E4M3=adt == "e4m3fn" and wdt == "e2m1",
+                EMULATE=emulate and wsd == "e4m3fn")
 
 
 class DotScaled(Family):
@@ -71,7 +71,8 @@ class DotScaled(Family):
             return f"{call.op}: dot_scaled is a dense quant_linear family"
         if scheme_kind(call.scheme) is None:
             return (f"{call.scheme.name}: dot_scaled runs e2m1 weights with e8m0:g32 scales against e2m1/e8m0:g32 or "
-                    f"per-token e4m3fn/fp32 activations, or NVFP4 x NVFP4 (e4m3fn:g16+global both sides)")
+                    f"per-token e4m3fn/fp32 activations, NVFP4 x NVFP4 (e4m3fn:g16+global both sides), or MXFP8 x "
+                    f"MXFP8 (e4m3fn with e8m0:g32 both sides)")
         if call.act_order:
             return "act-order weights"
         if call.k % 32:
@@ -102,7 +103,8 @@ class DotScaled(Family):
         ptrs = {"x_ptr": "*u8", "w_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16",
                 "xs_ptr": "*fp32" if consts["X_SCALE"] == 0 else "*u8", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
         k = call.k
-        ints = dict(M=call.m, N=call.n, K=k, stride_xm=k, stride_wn=k // 8, stride_sn=k // consts["SCALE_GROUP"],
+        ints = dict(M=call.m, N=call.n, K=k, stride_xm=k, stride_wn=k // (8 if consts["W_FMT"] == 0 else 4),
+                    stride_sn=k // consts["SCALE_GROUP"],
                     stride_ym=call.n, stride_xsm=1 if consts["X_SCALE"] == 0 else k // consts["SCALE_GROUP"])
         return spec, ptrs, ints
 
