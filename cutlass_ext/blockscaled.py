@@ -12,7 +12,7 @@ import torch
 
 from .native import library
 
-KINDS = {"nvfp4": 0, "mxfp4": 1, "mxfp8_mxfp4": 2}  # A (activations) x B (weights)
+KINDS = {"nvfp4": 0, "mxfp4": 1, "mxfp8_mxfp4": 2, "mxfp8": 3}  # A (activations) x B (weights)
 
 
 def _lib():

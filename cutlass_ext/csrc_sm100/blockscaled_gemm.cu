@@ -3,7 +3,8 @@
 // A: the quantized activations [M, K], B: the quantized weights [N, K], both K-major; SFA / SFB: their block
 // scales in the layout the instruction reads (cutlass::detail::Sm1xxBlockScaledConfig; ht_sm100_sf_elements gives
 // each one's size).  Formats: kind 0 NVFP4 x NVFP4 (e2m1, e4m3 scales per 16), kind 1 MXFP4 x MXFP4 (e2m1, e8m0
-// per 32), kind 2 MXFP8 activations x MXFP4 weights (the W4A8 mxf8f6f4 MMA).
+// per 32), kind 2 MXFP8 activations x MXFP4 weights (the W4A8 mxf8f6f4 MMA), kind 3 MXFP8 x MXFP8 (e4m3, e8m0
+// per 32, mxf8f6f4).
 //
 // Compiled only for sm_100a (cutlass_ext/build.py --arch 100a, with the nvidia-cutlass headers); it has never run
 // (no Blackwell GPU here): the CI compile check proves the instantiations, nothing more.
@@ -94,12 +95,14 @@ using MxFp4 = BlockScaledGemm<cutlass::mx_float4_t<cutlass::float_e2m1_t>, cutla
                               32, 32, Shape<_128, _128, _256>>;
 using MxFp8xFp4 = BlockScaledGemm<cutlass::mx_float8_t<cutlass::float_e4m3_t>,
                                   cutlass::mx_float4_t<cutlass::float_e2m1_t>, 16, 128, Shape<_128, _128, _128>>;
+using MxFp8 = BlockScaledGemm<cutlass::mx_float8_t<cutlass::float_e4m3_t>, cutlass::mx_float8_t<cutlass::float_e4m3_t>,
+                              16, 16, Shape<_128, _128, _128>>;
 
 }  // namespace
 
 extern "C" {
 
-// kind: 0 NVFP4 x NVFP4, 1 MXFP4 x MXFP4, 2 MXFP8 x MXFP4.  0: launched; < 0: CUTLASS refused (-1 shape,
+// kind: 0 NVFP4 x NVFP4, 1 MXFP4 x MXFP4, 2 MXFP8 x MXFP4, 3 MXFP8 x MXFP8.  0: launched; < 0: CUTLASS refused (-1 shape,
 // -2 workspace too small, -3 initialize, -4 run); -9: unknown kind.
 int ht_sm100_blockscaled_gemm(int kind, const void* a, const void* sfa, const void* b, const void* sfb, void* d, int m,
                               int n, int k, float alpha, void* workspace, size_t workspace_bytes, void* stream) {
@@ -108,6 +111,7 @@ int ht_sm100_blockscaled_gemm(int kind, const void* a, const void* sfa, const vo
     case 0: return NvFp4::run(a, sfa, b, sfb, d, m, n, k, alpha, workspace, workspace_bytes, s);
     case 1: return MxFp4::run(a, sfa, b, sfb, d, m, n, k, alpha, workspace, workspace_bytes, s);
     case 2: return MxFp8xFp4::run(a, sfa, b, sfb, d, m, n, k, alpha, workspace, workspace_bytes, s);
+    case 3: return MxFp8::run(a, sfa, b, sfb, d, m, n, k, alpha, workspace, workspace_bytes, s);
     default: return -9;
   }
 }
@@ -117,6 +121,7 @@ size_t ht_sm100_blockscaled_workspace(int kind, int m, int n, int k) {
     case 0: return NvFp4::workspace(m, n, k);
     case 1: return MxFp4::workspace(m, n, k);
     case 2: return MxFp8xFp4::workspace(m, n, k);
+    case 3: return MxFp8::workspace(m, n, k);
     default: return 0;
   }
 }
@@ -127,6 +132,7 @@ int ht_sm100_sf_elements(int kind, int m, int n, int k, long long* sfa, long lon
     case 0: NvFp4::sf_elements(m, n, k, sfa, sfb); return 0;
     case 1: MxFp4::sf_elements(m, n, k, sfa, sfb); return 0;
     case 2: MxFp8xFp4::sf_elements(m, n, k, sfa, sfb); return 0;
+    case 3: MxFp8::sf_elements(m, n, k, sfa, sfb); return 0;
     default: return -9;
   }
 }
