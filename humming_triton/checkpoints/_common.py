@@ -1,7 +1,12 @@
 """Shared pieces of the checkpoint importers: tensor access with clear errors, bit helpers, scheme builders.
 
-Every importer ends in one of two builders here (``int_weight`` / ``float_weight``) so that the choices that
-make an import *exact* live in one place:
+Every importer builds its layer in two steps: one of two builders here (``int_weight`` / ``float_weight``)
+makes the layer from its small tensors (scales, zeros, g_idx, bias, global scales -- read whole, so that every
+data-dependent choice below is the whole layer's), with a zero-stride placeholder for the packed codes; then
+:func:`finish` reads the codes -- all of them, or only one tensor-parallel rank's window when the ``Tensors``
+view carries a ``ShardSpec`` (checkpoints/sharding.py) -- and cuts the small tensors with ``formats.shard``.  One
+code path for both is what makes a rank's read equal ``shard(<whole read>, ...)`` exactly.  The builders keep
+the choices that make an import *exact* in one place:
 
 * integer codes with a zero point that is the same ``2**(bits-1)`` everywhere are turned into signed codes
   (``q - 2**(bits-1)`` is the two's complement code ``q ^ 2**(bits-1)``, an exact bitwise flip), so symmetric
@@ -12,6 +17,7 @@ make an import *exact* live in one place:
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable, Mapping
 
@@ -20,36 +26,77 @@ import torch
 from ..formats.dtypes import FloatType, IntType, WideFloat, parse_element_type
 from ..formats.packing import pack_codes, packed_words, unpack_codes
 from ..formats.scheme import ActQuant, QuantScheme, ScaleSpec
+from ..formats.shard import shard_range
 from ..formats.weight import QuantWeight
 
 __all__ = ["CheckpointFormatError", "Tensors", "unpack_along", "bytes_to_words", "e8m0_codes", "wide_scale_type",
-           "regroup_by_g_idx", "int_weight", "float_weight", "check_shape"]
+           "regroup_by_g_idx", "int_weight", "float_weight", "check_shape", "placeholder", "window_slices", "finish",
+           "cut", "ROWS", "fp4_words", "byte_words"]
 
 
 class CheckpointFormatError(ValueError):
     """A checkpoint does not follow the producer's documented format (missing tensor, wrong shape/dtype...)."""
 
 
+# safetensors header dtype names (``get_slice(name).get_dtype()``) of the tensors importers ask ``meta`` about
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
 class Tensors:
     """Name -> tensor access over a mapping (or a loader callable) that names what is missing and for which
-    layer, instead of a bare KeyError deep inside an importer."""
+    layer, instead of a bare KeyError deep inside an importer.
 
-    def __init__(self, source: Mapping[str, torch.Tensor] | Callable[[str], torch.Tensor], keys=None):
+    ``slicer(name)`` gives an object that reads part of a tensor (safetensors ``safe_open(...).get_slice``: its
+    ``[index]`` reads only those bytes); ``meta`` and ``read`` use it.  ``shard`` (a ``ShardSpec``) makes this
+    one rank's view: the other ranks' per-expert layers are left out of ``keys`` and :func:`finish` reads each
+    layer's window."""
+
+    def __init__(self, source: Mapping[str, torch.Tensor] | Callable[[str], torch.Tensor], keys=None, *,
+                 slicer: Callable | None = None, shard=None):
         self._get = source.__getitem__ if isinstance(source, Mapping) else source
+        self._slice = slicer or self._get
         self.keys = set(source.keys() if keys is None else keys)
+        self.shard = shard
+        if shard is not None:
+            self.keys = shard.select(self.keys)
 
     def __contains__(self, name: str) -> bool:
         return name in self.keys
 
-    def get(self, name: str, fmt: str) -> torch.Tensor:
+    def _need(self, name: str, fmt: str) -> None:
         if name not in self.keys:
             near = sorted(k for k in self.keys if k.rsplit(".", 1)[0] == name.rsplit(".", 1)[0])
             raise CheckpointFormatError(f"{fmt} checkpoint is missing tensor {name!r}"
                                         + (f" (this layer has {near})" if near else ""))
+
+    def get(self, name: str, fmt: str) -> torch.Tensor:
+        self._need(name, fmt)
         return self._get(name)
 
     def opt(self, name: str) -> torch.Tensor | None:
         return self._get(name) if name in self.keys else None
+
+    def meta(self, name: str, fmt: str) -> torch.Tensor:
+        """Shape and dtype of a tensor (on the meta device) without reading its data."""
+        self._need(name, fmt)
+        src = self._slice(name)
+        if isinstance(src, torch.Tensor):
+            return torch.empty(src.shape, dtype=src.dtype, device="meta")
+        dtype = _ST_DTYPES.get(src.get_dtype())
+        if dtype is None:  # a dtype this table does not name: safetensors maps it (its tensors are mmap views)
+            return self._get(name).to("meta")
+        return torch.empty(src.get_shape(), dtype=dtype, device="meta")
+
+    def read(self, name: str, fmt: str, index: tuple | None = None) -> torch.Tensor:
+        """``tensor[index]`` reading only those elements where the source can (safetensors ``get_slice``)."""
+        self._need(name, fmt)
+        return self._get(name) if index is None else self._slice(name)[index]
+
+    def window(self, prefix: str, qw: QuantWeight) -> tuple[str, int, int] | None:
+        """``(dim, start, stop)`` of layer ``prefix`` (whole layer ``qw``) this view reads; None: all of it."""
+        return None if self.shard is None else self.shard.window(prefix, qw)
 
 
 def check_shape(t: torch.Tensor, shape, name: str, fmt: str, dtypes=None) -> None:
@@ -60,8 +107,8 @@ def check_shape(t: torch.Tensor, shape, name: str, fmt: str, dtypes=None) -> Non
 
 
 def packed_fp4(t, name: str, fmt: str) -> tuple[torch.Tensor, int, int]:
-    """uint8 ``[N, K/2]`` bytes of two e2m1 codes (low nibble = even k) -> (bytes, N, K)."""
-    packed = t.get(name, fmt)
+    """uint8 ``[N, K/2]`` bytes of two e2m1 codes (low nibble = even k) -> (their shape on the meta device, N, K)."""
+    packed = t.meta(name, fmt)
     if packed.dtype != torch.uint8 or packed.dim() != 2:
         raise CheckpointFormatError(f"{fmt}: {name} must be uint8 [N, K/2] (two e2m1 codes a byte), got "
                                     f"{packed.dtype} {list(packed.shape)}")
@@ -137,16 +184,18 @@ def _spec(dtype, bn: int, bk: int, n: int, k: int, global_scale: bool = False) -
     return ScaleSpec(dtype, bn, bk, global_scale)
 
 
+def placeholder(shape) -> torch.Tensor:
+    """int32 zeros of ``shape`` that take no memory (stride 0): a layer's codes until :func:`finish` reads them."""
+    return torch.zeros((), dtype=torch.int32).expand(*shape)
+
+
 def int_weight(*, bits: int, n: int, k: int, scales: torch.Tensor, zeros: torch.Tensor | None,
-               codes: torch.Tensor | None = None, words: torch.Tensor | None = None, signed: bool = False,
-               block: tuple[int, int] = (1, 0), k_perm: torch.Tensor | None = None, bias=None,
+               signed: bool = False, block: tuple[int, int] = (1, 0), k_perm: torch.Tensor | None = None, bias=None,
                act: ActQuant | None = None, input_scale=None, fmt: str = "") -> QuantWeight:
-    """Integer codes ``[N, K]`` (or already K-packed ``words``) + float scales ``[N/bn, K/bk]`` + optional
-    integer zeros of the same shape -> QuantWeight.  ``signed`` says the codes are two's complement (then
-    ``zeros`` must be None).  A zero of ``2**(bits-1)`` everywhere becomes signed codes (exact, see module doc)."""
-    if words is None:
-        words = pack_codes(codes, bits)
-    check_shape(words, (n, packed_words(k, bits)), "packed codes", fmt)
+    """Float scales ``[N/bn, K/bk]`` + optional integer zeros of the same shape -> the QuantWeight of an ``[N, K]``
+    integer layer with placeholder codes (:func:`finish` reads them).  ``signed`` says the stored codes are
+    two's complement (then ``zeros`` must be None).  A zero of ``2**(bits-1)`` everywhere makes a signed scheme:
+    ``finish(..., unsigned=True)`` then flips the stored codes (exact, see module doc)."""
     sdt = wide_scale_type(scales, "scales", fmt)
     half = 1 << (bits - 1)
     zero_kind = "none"
@@ -155,7 +204,6 @@ def int_weight(*, bits: int, n: int, k: int, scales: torch.Tensor, zeros: torch.
         if signed:
             raise ValueError("int_weight: signed codes take no zero point")
         if bool((zeros == half).all()):
-            words = words ^ pack_codes(torch.full((1, k), half, dtype=torch.int32), bits)
             signed, zeros = True, None
         elif int(zeros.min()) >= 0 and int(zeros.max()) <= 255:
             zero_kind, zeros = "int", zeros.to(torch.uint8)
@@ -166,25 +214,76 @@ def int_weight(*, bits: int, n: int, k: int, scales: torch.Tensor, zeros: torch.
     elif not signed:
         raise ValueError("int_weight: unsigned codes need zero points")
     scheme = QuantScheme(IntType(bits, signed), _spec(sdt, *block, n, k), zero_kind, act)
-    return QuantWeight(words.contiguous(), scales.contiguous(), scheme, (n, k), zeros, None,
+    return QuantWeight(placeholder((n, packed_words(k, bits))), scales.contiguous(), scheme, (n, k), zeros, None,
                        _scalar(input_scale), bias, k_perm=k_perm)
 
 
 def float_weight(*, elem: str | FloatType, scales: torch.Tensor, n: int, k: int, lead: tuple[int, ...] = (),
-                 codes: torch.Tensor | None = None, words: torch.Tensor | None = None, scale_dtype=None,
-                 block: tuple[int, int] = (1, 0), global_scale: torch.Tensor | None = None, bias=None,
-                 act: ActQuant | None = None, input_scale=None, fmt: str = "") -> QuantWeight:
-    """Float element codes (uint8 ``[*lead, N, K]`` or K-packed ``words``) + scales (wide float tensor, or uint8
-    e8m0/e4m3 codes with ``scale_dtype`` naming them) -> QuantWeight."""
+                 scale_dtype=None, block: tuple[int, int] = (1, 0), global_scale: torch.Tensor | None = None,
+                 bias=None, act: ActQuant | None = None, input_scale=None, fmt: str = "") -> QuantWeight:
+    """Scales (wide float tensor, or uint8 e8m0/e4m3 codes with ``scale_dtype`` naming them) -> the QuantWeight of
+    a ``[*lead, N, K]`` float-element layer with placeholder codes (:func:`finish` reads them)."""
     et = parse_element_type(elem) if isinstance(elem, str) else elem
-    if words is None:
-        words = pack_codes(codes, et.bits)
-    check_shape(words, (*lead, n, packed_words(k, et.bits)), "packed codes", fmt)
     sdt = parse_element_type(scale_dtype) if scale_dtype else wide_scale_type(scales, "scales", fmt)
     spec = _spec(sdt, *block, n, k, global_scale is not None)
     scheme = QuantScheme(et, spec, "none", act)
-    return QuantWeight(words.contiguous(), scales.contiguous(), scheme, (*lead, n, k), None, global_scale,
-                       _scalar(input_scale), bias)
+    return QuantWeight(placeholder((*lead, n, packed_words(k, et.bits))), scales.contiguous(), scheme,
+                       (*lead, n, k), None, global_scale, _scalar(input_scale), bias)
+
+
+def window_slices(win: tuple[str, int, int] | None, ndim: int, axes: Mapping[str, int],
+                  units: Mapping[str, tuple[int, int]] | None = None) -> tuple[slice, ...]:
+    """The index of a stored ``ndim``-axis tensor that holds window ``win = (dim, start, stop)`` of the layer
+    (everything for None).  ``axes`` maps ``"n"`` / ``"k"`` / ``"expert"`` to the stored axis; ``units[dim] =
+    (bits of a code, bits of a stored element)`` for a dense stream of codes along that axis (default one code an
+    element).  A start inside a stored element rounds down: the caller trims the extra codes (AWQ's N-packing);
+    along K, split points sit on word boundaries (``split_quantum``), so nothing is extra there."""
+    idx = [slice(None)] * ndim
+    if win is not None:
+        dim, a, b = win
+        code_bits, unit_bits = (units or {}).get(dim, (1, 1))
+        idx[axes[dim]] = slice(a * code_bits // unit_bits, -(-b * code_bits // unit_bits))
+    return tuple(idx)
+
+
+ROWS = {"n": 0, "k": 1}  # the axes of a window in codes stored as rows of N: [N, K words / bytes]
+
+
+def fp4_words(t: Tensors, name: str, fmt: str) -> Callable:
+    """``read_words`` of uint8 ``[N, K/2]`` bytes of two e2m1 codes (low nibble = even k): our 4-bit stream."""
+    return lambda win: bytes_to_words(t.read(name, fmt, window_slices(win, 2, ROWS, {"k": (4, 8)})))
+
+
+def byte_words(t: Tensors, name: str, fmt: str) -> Callable:
+    """``read_words`` of ``[N, K]`` one-byte codes (fp8 / int8 bytes, stored as is)."""
+    return lambda win: pack_codes(t.read(name, fmt, window_slices(win, 2, ROWS)).view(torch.uint8), 8)
+
+
+def _windowed(t: Tensors, prefix: str, qw: QuantWeight) -> tuple[tuple[str, int, int] | None, QuantWeight]:
+    win = t.window(prefix, qw)
+    return win, (qw if win is None else shard_range(qw, *win))
+
+
+def cut(t: Tensors, prefix: str, qw: QuantWeight) -> QuantWeight:
+    """``qw`` (a whole layer, read whole), or the window of it that ``t`` reads: for layouts whose codes cannot
+    be read in windows."""
+    return _windowed(t, prefix, qw)[1]
+
+
+def finish(t: Tensors, prefix: str, layer: QuantWeight, read_words: Callable, fmt: str,
+           unsigned: bool = False) -> QuantWeight:
+    """The layer (``layer``: a builder's result, placeholder codes) or the window of it that ``t`` reads.
+
+    ``read_words(win)`` reads the packed codes of window ``win`` (``(dim, start, stop)``, or None for all) from
+    the checkpoint -- only those bytes where the layout allows -- and returns them as canonical K-packed int32
+    words of the stored codes; ``unsigned`` says those are offset codes that a signed scheme flips."""
+    win, out = _windowed(t, prefix, layer)
+    words = read_words(win)
+    check_shape(words, out.data.shape, "packed codes", fmt, (torch.int32,))
+    s = out.scheme
+    if unsigned and isinstance(s.weight, IntType) and s.weight.signed:
+        words = words ^ pack_codes(torch.full((1, out.K), 1 << (s.bits - 1), dtype=torch.int32), s.bits)
+    return dataclasses.replace(out, data=words.contiguous(), cache={})
 
 
 def _scalar(t):

@@ -8,14 +8,18 @@ Producer layout (K = in_features, N = out_features, G = group size):
 * ``qzeros`` int32 ``[K/G, N/8]`` in the same order, true zeros; ``scales`` fp16 ``[K/G, N]``;
 * ``w[k, n] = (q[k, n] - z[k // G, n]) * s[k // G, n]``.
 
-The packing axis differs from ours (K), so the codes are unpacked and repacked once at load.
+The packing axis differs from ours (K), so the codes are unpacked and repacked once at load.  Rank windows
+(``ShardSpec``): a K window reads rows ``[a, b)`` of ``qweight``; an N window reads the 8-column words that hold
+columns ``[a, b)`` (rounded out to whole words) and drops the extra columns after unpacking.  ``scales`` /
+``qzeros`` are read whole.
 """
 from __future__ import annotations
 
 import torch
 
+from ..formats.packing import pack_codes
 from ..formats.weight import QuantWeight
-from ._common import CheckpointFormatError, Tensors, check_shape, ceil_div, int_weight
+from ._common import CheckpointFormatError, Tensors, ceil_div, check_shape, finish, int_weight, window_slices
 
 FMT = "AWQ"
 # nibble slot i holds column ORDER[i] of its 8-column group
@@ -33,7 +37,7 @@ def unpack_awq(words: torch.Tensor) -> torch.Tensor:
 
 
 def import_awq_layer(t: Tensors, prefix: str, group_size: int) -> QuantWeight:
-    qweight = t.get(f"{prefix}.qweight", FMT)
+    qweight = t.meta(f"{prefix}.qweight", FMT)
     if qweight.dim() != 2 or qweight.dtype != torch.int32:
         raise CheckpointFormatError(f"{FMT}: {prefix}.qweight must be 2-D int32 [K, N/8], got {qweight.dtype} "
                                     f"{list(qweight.shape)}")
@@ -45,10 +49,17 @@ def import_awq_layer(t: Tensors, prefix: str, group_size: int) -> QuantWeight:
     qzeros = t.get(f"{prefix}.qzeros", FMT)
     check_shape(scales, (ceil_div(k, g), n), f"{prefix}.scales", FMT)
     check_shape(qzeros, (ceil_div(k, g), n // 8), f"{prefix}.qzeros", FMT, (torch.int32,))
-    codes = unpack_awq(qweight).t()
-    zeros = unpack_awq(qzeros).t()
-    return int_weight(bits=4, n=n, k=k, codes=codes, scales=scales.t(), zeros=zeros, block=(1, g),
-                      bias=t.opt(f"{prefix}.bias"), fmt=f"{FMT} {prefix}")
+    layer = int_weight(bits=4, n=n, k=k, scales=scales.t(), zeros=unpack_awq(qzeros).t(), block=(1, g),
+                       bias=t.opt(f"{prefix}.bias"), fmt=f"{FMT} {prefix}")
+
+    def read_words(win):
+        q = t.read(f"{prefix}.qweight", FMT, window_slices(win, 2, {"n": 1, "k": 0}, {"n": (1, 8)}))
+        codes = unpack_awq(q).t()  # [N, K]
+        if win is not None and win[0] == "n":  # the window's words start at column 8 * (a // 8)
+            codes = codes[win[1] % 8:win[1] % 8 + win[2] - win[1]]
+        return pack_codes(codes, 4)
+
+    return finish(t, prefix, layer, read_words, f"{FMT} {prefix}", unsigned=True)
 
 
 def read(t: Tensors, qcfg: dict, hints: dict) -> dict[str, QuantWeight]:

@@ -23,6 +23,11 @@ tensor_group, group_size, block_structure, actorder}``.  Per layer ``<prefix>``:
 
 Activation settings map onto ``QuantScheme.act`` where ours can express them (token / tensor / group, dynamic
 or static ``input_scale``; NVFP4 activations with the static ``input_global_scale``, inverted likewise).
+
+Rank windows (``ShardSpec``): every layout here stores rows of N, so an N window reads rows ``[a, b)`` of the
+codes; a K window reads columns (words / bytes: split points sit on word boundaries) -- except the old padded
+3/5/6/7-bit packing, whose words do not start at split points: there a K window reads whole rows and drops the
+other columns after unpacking.  Scales, zero points and ``weight_g_idx`` are read whole.
 """
 from __future__ import annotations
 
@@ -31,11 +36,11 @@ import re
 import torch
 
 from ..formats.dtypes import WideFloat, parse_element_type
-from ..formats.packing import packed_words
+from ..formats.packing import pack_codes, packed_words
 from ..formats.scheme import ActQuant
 from ..formats.weight import QuantWeight
-from ._common import (CheckpointFormatError, Tensors, bytes_to_words, ceil_div, check_shape, e8m0_codes,
-                      float_weight, int_weight, packed_fp4, regroup_by_g_idx, unpack_along)
+from ._common import (ROWS, CheckpointFormatError, Tensors, byte_words, ceil_div, check_shape, e8m0_codes, finish,
+                      float_weight, fp4_words, int_weight, packed_fp4, regroup_by_g_idx, unpack_along, window_slices)
 
 FMT = "compressed-tensors"
 DENSE_SINCE = (0, 10, 0)  # assumed first release packing 3/5/6/7-bit values densely (see module doc)
@@ -141,21 +146,19 @@ def _stream(words: torch.Tensor, bits: int, count: int, version, dim: int, what:
 
 
 def import_pack_quantized(t: Tensors, prefix: str, w: dict, version, act, input_scale) -> QuantWeight:
-    packed = t.get(f"{prefix}.weight_packed", FMT)
+    name = f"{prefix}.weight_packed"
+    packed = t.meta(name, FMT)
     n, k = (int(v) for v in t.get(f"{prefix}.weight_shape", FMT).reshape(-1).tolist())
     bits = int(w["num_bits"])
     if packed.dtype != torch.int32 or packed.dim() != 2 or packed.shape[0] != n:
-        raise CheckpointFormatError(f"{FMT}: {prefix}.weight_packed must be int32 [{n}, words], got {packed.dtype} "
+        raise CheckpointFormatError(f"{FMT}: {name} must be int32 [{n}, words], got {packed.dtype} "
                                     f"{list(packed.shape)}")
     block = _block(w, n, k)
     scales = _scales_2d(t.get(f"{prefix}.weight_scale", FMT), block, n, k, f"{prefix}.weight_scale")
     g_idx = t.opt(f"{prefix}.weight_g_idx")
     k_perm = None
-    codes = words = None
-    if _is_dense(packed.shape[1], bits, k, version, f"{prefix}.weight_packed"):
-        words = packed  # already our canonical stream (of offset codes): no unpacking
-    else:
-        codes = _unpack_padded(packed, bits, k)
+    dense = _is_dense(packed.shape[1], bits, k, version, name)
+    repack = not dense  # dense: already our canonical stream (of offset codes), no unpacking
     if w.get("symmetric", True):
         zeros = torch.full(scales.shape, 1 << (bits - 1), dtype=torch.int64)
     else:
@@ -167,42 +170,57 @@ def import_pack_quantized(t: Tensors, prefix: str, w: dict, version, act, input_
     if g_idx is not None:
         k_perm, size, gs = regroup_by_g_idx(g_idx, k, FMT)
         if k_perm is not None or size != block[1]:
-            codes = unpack_along(words, bits, k, -1) if codes is None else codes
-            codes, words = (codes if k_perm is None else codes[:, k_perm]), None
+            repack = True
             if size is None:
                 block, scales, zeros = (1, 1), scales[:, gs], zeros[:, gs]
             else:
                 block = (1, size)
-    return int_weight(bits=bits, n=n, k=k, codes=codes, words=words, scales=scales, zeros=zeros, block=block,
-                      k_perm=k_perm, act=act, input_scale=input_scale, bias=t.opt(f"{prefix}.bias"),
-                      fmt=f"{FMT} {prefix}")
+    layer = int_weight(bits=bits, n=n, k=k, scales=scales, zeros=zeros, block=block, k_perm=k_perm, act=act,
+                       input_scale=input_scale, bias=t.opt(f"{prefix}.bias"), fmt=f"{FMT} {prefix}")
+
+    def read_words(win):
+        kwin = win if win is not None and win[0] == "k" else None
+        if dense:
+            q = t.read(name, FMT, window_slices(win, 2, ROWS, {"k": (bits, 32)}))
+            if not repack:
+                return q
+            codes = unpack_along(q, bits, k if kwin is None else kwin[2] - kwin[1], -1)
+        else:  # padded words: a K window reads whole rows (module doc)
+            codes = _unpack_padded(t.read(name, FMT, window_slices(None if kwin else win, 2, ROWS)), bits, k)
+            codes = codes if kwin is None else codes[:, kwin[1]:kwin[2]]
+        return pack_codes(codes if k_perm is None else codes[:, k_perm], bits)
+
+    return finish(t, prefix, layer, read_words, f"{FMT} {prefix}", unsigned=True)
 
 
 def import_unpacked(t: Tensors, prefix: str, w: dict, act, input_scale) -> QuantWeight:
     """float-quantized (e4m3fn / e5m2 bytes) and int-quantized (int8) weights stored one value per byte."""
-    weight = t.get(f"{prefix}.weight", FMT)
+    name = f"{prefix}.weight"
+    weight = t.meta(name, FMT)
     n, k = weight.shape
     block = _block(w, n, k)
     scales = _scales_2d(t.get(f"{prefix}.weight_scale", FMT), block, n, k, f"{prefix}.weight_scale")
     bias = t.opt(f"{prefix}.bias")
+    read_words = byte_words(t, name, FMT)
     if w.get("type") == "int":
         if weight.dtype != torch.int8 or not w.get("symmetric", True):
-            raise CheckpointFormatError(f"{FMT}: int-quantized {prefix}.weight must be symmetric int8, got "
+            raise CheckpointFormatError(f"{FMT}: int-quantized {name} must be symmetric int8, got "
                                         f"{weight.dtype} symmetric={w.get('symmetric')}")
-        return int_weight(bits=8, n=n, k=k, codes=weight.view(torch.uint8).to(torch.int32), scales=scales,
-                          zeros=None, signed=True, block=block, act=act, input_scale=input_scale, bias=bias,
-                          fmt=f"{FMT} {prefix}")
+        layer = int_weight(bits=8, n=n, k=k, scales=scales, zeros=None, signed=True, block=block, act=act,
+                           input_scale=input_scale, bias=bias, fmt=f"{FMT} {prefix}")
+        return finish(t, prefix, layer, read_words, f"{FMT} {prefix}")
     names = {torch.float8_e4m3fn: "e4m3fn", torch.float8_e5m2: "e5m2"}
     if weight.dtype not in names:
-        raise CheckpointFormatError(f"{FMT}: float-quantized {prefix}.weight must be float8_e4m3fn or float8_e5m2, "
+        raise CheckpointFormatError(f"{FMT}: float-quantized {name} must be float8_e4m3fn or float8_e5m2, "
                                     f"got {weight.dtype}")
-    return float_weight(elem=names[weight.dtype], codes=weight.view(torch.uint8), scales=scales, n=n, k=k,
-                        block=block, act=act, input_scale=input_scale, bias=bias, fmt=f"{FMT} {prefix}")
+    layer = float_weight(elem=names[weight.dtype], scales=scales, n=n, k=k, block=block, act=act,
+                         input_scale=input_scale, bias=bias, fmt=f"{FMT} {prefix}")
+    return finish(t, prefix, layer, read_words, f"{FMT} {prefix}")
 
 
 def import_fp4(t: Tensors, prefix: str, kind: str, act, input_scale) -> QuantWeight:
     """nvfp4 / mxfp4 pack-quantized: bytes of two e2m1 codes (low nibble = even k) = our 4-bit stream."""
-    packed, n, k = packed_fp4(t, f"{prefix}.weight_packed", FMT)
+    _, n, k = packed_fp4(t, f"{prefix}.weight_packed", FMT)
     s = t.get(f"{prefix}.weight_scale", FMT)
     gscale = None
     if kind == "nvfp4":
@@ -215,9 +233,9 @@ def import_fp4(t: Tensors, prefix: str, kind: str, act, input_scale) -> QuantWei
     else:
         check_shape(s, (n, ceil_div(k, 32)), f"{prefix}.weight_scale", FMT)
         scales, sdt, g = e8m0_codes(s, f"{prefix}.weight_scale", FMT), "e8m0", 32
-    return float_weight(elem="e2m1", words=bytes_to_words(packed), scales=scales, scale_dtype=sdt, n=n, k=k,
-                        block=(1, g), global_scale=gscale, act=act, input_scale=input_scale,
-                        bias=t.opt(f"{prefix}.bias"), fmt=f"{FMT} {prefix}")
+    layer = float_weight(elem="e2m1", scales=scales, scale_dtype=sdt, n=n, k=k, block=(1, g), global_scale=gscale,
+                         act=act, input_scale=input_scale, bias=t.opt(f"{prefix}.bias"), fmt=f"{FMT} {prefix}")
+    return finish(t, prefix, layer, fp4_words(t, f"{prefix}.weight_packed", FMT), f"{FMT} {prefix}")
 
 
 def read(t: Tensors, qcfg: dict, hints: dict) -> dict[str, QuantWeight]:

@@ -7,6 +7,8 @@ scales: stored as fp32 they stay fp32 (exact, and the common fp32 block kernels 
 (uint8 / ``float8_e8m0fnu``) they become e8m0 scale codes.  Activations: ``activation_scheme: "dynamic"``
 = per-token groups of ``bk`` (e8m0 group scales with ue8m0, fp32 otherwise); ``"static"`` = per-tensor
 ``input_scale``.  The codes are imported byte for byte (no re-rounding), so dequantization is bit-exact.
+Rank windows (``ShardSpec``): an N window reads rows of ``weight``, a K window its columns (split points sit
+on scale blocks); ``weight_scale_inv`` is read whole.
 """
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ import torch
 from ..formats.dtypes import WideFloat, parse_element_type
 from ..formats.scheme import ActQuant
 from ..formats.weight import QuantWeight
-from ._common import CheckpointFormatError, Tensors, ceil_div, check_shape, e8m0_codes, float_weight
+from ._common import (CheckpointFormatError, Tensors, byte_words, ceil_div, check_shape, e8m0_codes, finish,
+                      float_weight)
 
 FMT = "FP8 (block)"
 
 
 def import_fp8_layer(t: Tensors, prefix: str, qcfg: dict) -> QuantWeight:
-    weight = t.get(f"{prefix}.weight", FMT)
+    weight = t.meta(f"{prefix}.weight", FMT)
     if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2:
         raise CheckpointFormatError(f"{FMT}: {prefix}.weight must be 2-D float8_e4m3fn, got {weight.dtype} "
                                     f"{list(weight.shape)}")
@@ -52,9 +55,9 @@ def import_fp8_layer(t: Tensors, prefix: str, qcfg: dict) -> QuantWeight:
         input_scale = t.get(f"{prefix}.input_scale", FMT)
     else:
         raise CheckpointFormatError(f"{FMT}: unknown activation_scheme {scheme!r}; expected 'dynamic' or 'static'")
-    return float_weight(elem="e4m3fn", codes=weight.view(torch.uint8), scales=scales, scale_dtype=sdt, n=n, k=k,
-                        block=(bn, bk), act=act, input_scale=input_scale, bias=t.opt(f"{prefix}.bias"),
-                        fmt=f"{FMT} {prefix}")
+    layer = float_weight(elem="e4m3fn", scales=scales, scale_dtype=sdt, n=n, k=k, block=(bn, bk), act=act,
+                         input_scale=input_scale, bias=t.opt(f"{prefix}.bias"), fmt=f"{FMT} {prefix}")
+    return finish(t, prefix, layer, byte_words(t, f"{prefix}.weight", FMT), f"{FMT} {prefix}")
 
 
 def read(t: Tensors, qcfg: dict, hints: dict) -> dict[str, QuantWeight]:

@@ -16,14 +16,19 @@ Act-order (``desc_act``): ``g_idx`` is a permuted map.  We sort K by group once 
 (:func:`regroup_by_g_idx`), store the permuted codes with ordinary contiguous groups and record the
 permutation in ``QuantWeight.k_perm``; kernels then gather x's columns instead of scales per element.
 Symmetric checkpoints (every zero ``2**(bits-1)``) become signed codes without a zero tensor.
+
+Rank windows (``ShardSpec``): an N window reads columns ``[a, b)`` of ``qweight`` (with act-order too: the
+permutation is along K); a K window reads its rows (split points sit on word boundaries).  Act-order layers
+cannot be cut along K (``split_quantum``).  ``scales`` / ``qzeros`` / ``g_idx`` are read whole.
 """
 from __future__ import annotations
 
 import torch
 
-from ..formats.packing import packed_words
+from ..formats.packing import pack_codes, packed_words
 from ..formats.weight import QuantWeight
-from ._common import CheckpointFormatError, Tensors, check_shape, int_weight, regroup_by_g_idx, unpack_along
+from ._common import (CheckpointFormatError, Tensors, check_shape, finish, int_weight, regroup_by_g_idx, unpack_along,
+                      window_slices)
 
 FMT = "GPTQ"
 BITS = (2, 3, 4, 8)
@@ -43,7 +48,7 @@ def gptq_settings(qcfg: dict) -> tuple[int, int, bool]:
 
 def import_gptq_layer(t: Tensors, prefix: str, bits: int, group_size: int, v2: bool,
                       k_hint: int | None = None) -> QuantWeight:
-    qweight = t.get(f"{prefix}.qweight", FMT)
+    qweight = t.meta(f"{prefix}.qweight", FMT)
     scales = t.get(f"{prefix}.scales", FMT)
     qzeros = t.get(f"{prefix}.qzeros", FMT)
     g_idx = t.opt(f"{prefix}.g_idx")
@@ -62,22 +67,22 @@ def import_gptq_layer(t: Tensors, prefix: str, bits: int, group_size: int, v2: b
                                     f"groups, got {list(scales.shape)}")
     check_shape(qzeros, (scales.shape[0], packed_words(n, bits)), f"{prefix}.qzeros", FMT, (torch.int32,))
     zeros = unpack_along(qzeros, bits, n, dim=1).to(torch.int64) + (0 if v2 else 1)  # [groups, N]
+    if size is not None:
+        block, s, z = (1, size), scales[:ngroups].t(), zeros[:ngroups].t()
+    else:  # uneven groups: one scale per (stored) column, still exact
+        block, s, z = (1, 1), scales[gs].t(), zeros[gs].t()
+    layer = int_weight(bits=bits, n=n, k=k, scales=s, zeros=z, block=block, k_perm=k_perm,
+                       bias=t.opt(f"{prefix}.bias"), fmt=f"{FMT} {prefix}")
 
-    if k_perm is None and size is not None:
-        words, block = qweight.t(), (1, size)  # the canonical stream already (module doc)
-        s, z = scales[:ngroups].t(), zeros[:ngroups].t()
-        codes = None
-    else:
-        codes = unpack_along(qweight, bits, k, dim=0).t()  # [N, K] logical order
-        if k_perm is not None:
-            codes = codes[:, k_perm]
-        words = None
-        if size is not None:
-            block, s, z = (1, size), scales[:ngroups].t(), zeros[:ngroups].t()
-        else:  # uneven groups: one scale per (stored) column, still exact
-            block, s, z = (1, 1), scales[gs].t(), zeros[gs].t()
-    return int_weight(bits=bits, n=n, k=k, codes=codes, words=words, scales=s, zeros=z, block=block,
-                      k_perm=k_perm, bias=t.opt(f"{prefix}.bias"), fmt=f"{FMT} {prefix}")
+    def read_words(win):
+        q = t.read(f"{prefix}.qweight", FMT, window_slices(win, 2, {"n": 1, "k": 0}, {"k": (bits, 32)}))
+        if k_perm is None and size is not None:
+            return q.t()  # the canonical stream already (module doc)
+        kw = k if win is None or win[0] != "k" else win[2] - win[1]
+        codes = unpack_along(q, bits, kw, dim=0).t()  # [N, K] logical order
+        return pack_codes(codes if k_perm is None else codes[:, k_perm], bits)
+
+    return finish(t, prefix, layer, read_words, f"{FMT} {prefix}", unsigned=True)
 
 
 def read(t: Tensors, qcfg: dict, hints: dict) -> dict[str, QuantWeight]:

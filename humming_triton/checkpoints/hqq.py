@@ -9,6 +9,9 @@ That is a uint code with a *float* zero per group along K: scheme ``uint<bits>, 
 The zeros share the scale's dtype (our storage rule); when the checkpoint's scale and zero dtypes differ,
 both become fp32 (exact).  ``shape`` comes from a ``<prefix>.shape`` tensor when present, else from the
 model skeleton.  3-bit (int32 planes) and ``axis=0`` are not supported and say so.
+
+Rank windows (``ShardSpec``): the planar packing puts a row's codes in every plane, so no window of ``W_q`` is
+a contiguous slice; the layer is read whole and cut in memory (``formats.shard.shard_range``).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from ..formats.dtypes import IntType
 from ..formats.packing import pack_codes
 from ..formats.scheme import QuantScheme, ScaleSpec
 from ..formats.weight import QuantWeight
-from ._common import CheckpointFormatError, Tensors, check_shape, wide_scale_type
+from ._common import CheckpointFormatError, Tensors, check_shape, cut, wide_scale_type
 
 FMT = "HQQ"
 
@@ -62,8 +65,8 @@ def import_hqq_layer(t: Tensors, prefix: str, nbits: int, group: int, axis: int,
     sdt = wide_scale_type(scale, f"{prefix}.scale", FMT)
     codes = unpack_planar(wq, nbits).reshape(n, k)
     scheme = QuantScheme(IntType(nbits, False), ScaleSpec(sdt, 1, group if group < k else 0), "float")
-    return QuantWeight(pack_codes(codes, nbits), scale.reshape(n, k // group).contiguous(), scheme, (n, k),
-                       zero.reshape(n, k // group).contiguous(), bias=t.opt(f"{prefix}.bias"))
+    return cut(t, prefix, QuantWeight(pack_codes(codes, nbits), scale.reshape(n, k // group).contiguous(), scheme,
+                                      (n, k), zero.reshape(n, k // group).contiguous(), bias=t.opt(f"{prefix}.bias")))
 
 
 def settings(qcfg: dict) -> tuple[int, int, int]:

@@ -25,6 +25,7 @@ from ..formats.weight import QuantWeight
 from . import awq, compressed_tensors, fp8_block, gpt_oss, gptq, hqq, modelopt
 from ._common import CheckpointFormatError, Tensors
 from .fuse import fuse_experts
+from .sharding import ShardSpec
 
 __all__ = ["read_quantized_tensors", "load_quantized", "quantization_config", "IMPORTERS"]
 
@@ -73,7 +74,7 @@ def quantization_config(model_dir: str) -> dict:
     return q
 
 
-def _open_tensors(model_dir: str) -> Tensors:
+def _open_tensors(model_dir: str, shard: ShardSpec | None = None) -> Tensors:
     from safetensors import safe_open
     files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
     if not files:
@@ -84,21 +85,26 @@ def _open_tensors(model_dir: str) -> Tensors:
         handles[path] = h
         for k in h.keys():
             where[k] = path
-    return Tensors(lambda name: handles[where[name]].get_tensor(name), keys=where.keys())
+    return Tensors(lambda name: handles[where[name]].get_tensor(name), keys=where.keys(),
+                   slicer=lambda name: handles[where[name]].get_slice(name), shard=shard)
 
 
-def read_quantized_tensors(model_dir: str, hints: dict | None = None) -> dict[str, QuantWeight]:
+def read_quantized_tensors(model_dir: str, hints: dict | None = None,
+                           shard: ShardSpec | None = None) -> dict[str, QuantWeight]:
     """``{module name: QuantWeight}`` for every quantized layer of the checkpoint in ``model_dir``.
 
-    ``hints`` maps module names to their ``(out_features, in_features)`` for formats whose tensors do not
-    carry the logical shape (HQQ without a ``shape`` tensor)."""
+    ``hints`` maps module names to their whole ``(out_features, in_features)`` for formats whose tensors do not
+    carry the logical shape (HQQ without a ``shape`` tensor).  ``shard=ShardSpec(rank, size, plan)``: only that
+    tensor / expert parallel rank's part of each layer -- exactly ``formats.shard.shard(<whole layer>, dim,
+    size, rank)`` for the dim its plan gives the name, reading only the rank's bytes of the packed codes where
+    the layout allows (checkpoints/sharding.py)."""
     model_dir = _check_dir(model_dir)
     q = quantization_config(model_dir)
     method = str(q.get("quant_method", "")).lower()
     if method not in IMPORTERS:
         raise CheckpointFormatError(f"unknown quant_method {q.get('quant_method')!r} in {model_dir}; supported: "
                                     f"{', '.join(IMPORTERS)}")
-    return IMPORTERS[method](_open_tensors(model_dir), q, hints or {})
+    return IMPORTERS[method](_open_tensors(model_dir, shard), q, hints or {})
 
 
 class PermutedInput(nn.Module):

@@ -9,6 +9,9 @@ FP8 per layer: ``weight`` e4m3fn, ``weight_scale`` scalar, ``input_scale`` scala
 Fused layers: a checkpoint stores each shard (q/k/v, gate/up) with its own ``weight_scale_2``.  Hugging Face
 dense layers are never fused, but MoE experts are (``gate_up_proj``); the loader folds differing shard global
 scales into the block scales when that is exact (``loader.fuse_experts``) and otherwise says so.
+
+Rank windows (``ShardSpec``): ``weight`` stores rows of N, so an N window reads rows and a K window reads
+columns (bytes; split points sit on word boundaries); ``weight_scale`` and the scalars are read whole.
 """
 from __future__ import annotations
 
@@ -17,8 +20,8 @@ import torch
 from ..formats.dtypes import WideFloat, parse_element_type
 from ..formats.scheme import ActQuant
 from ..formats.weight import QuantWeight
-from ._common import (CheckpointFormatError, Tensors, bytes_to_words, ceil_div, check_shape, float_weight,
-                      packed_fp4)
+from ._common import (CheckpointFormatError, Tensors, byte_words, ceil_div, check_shape, finish, float_weight,
+                      fp4_words, packed_fp4)
 
 FMT = "ModelOpt"
 ALGOS = ("NVFP4", "FP8")
@@ -32,7 +35,7 @@ def _scalar(t: Tensors, name: str) -> torch.Tensor:
 
 
 def import_nvfp4_layer(t: Tensors, prefix: str, group: int = 16) -> QuantWeight:
-    packed, n, k = packed_fp4(t, f"{prefix}.weight", f"{FMT} NVFP4")
+    _, n, k = packed_fp4(t, f"{prefix}.weight", f"{FMT} NVFP4")
     s = t.get(f"{prefix}.weight_scale", FMT)
     check_shape(s, (n, ceil_div(k, group)), f"{prefix}.weight_scale", FMT, (torch.float8_e4m3fn,))
     input_scale = t.opt(f"{prefix}.input_scale")
@@ -41,13 +44,14 @@ def import_nvfp4_layer(t: Tensors, prefix: str, group: int = 16) -> QuantWeight:
         act = ActQuant(parse_element_type("e2m1"), parse_element_type("e4m3fn"), True, group, global_scale=True,
                        static=True)
         input_scale = _scalar(t, f"{prefix}.input_scale")
-    return float_weight(elem="e2m1", words=bytes_to_words(packed), scales=s.view(torch.uint8), scale_dtype="e4m3fn",
-                        n=n, k=k, block=(1, group), global_scale=_scalar(t, f"{prefix}.weight_scale_2"), act=act,
-                        input_scale=input_scale, bias=t.opt(f"{prefix}.bias"), fmt=f"{FMT} {prefix}")
+    layer = float_weight(elem="e2m1", scales=s.view(torch.uint8), scale_dtype="e4m3fn", n=n, k=k, block=(1, group),
+                         global_scale=_scalar(t, f"{prefix}.weight_scale_2"), act=act, input_scale=input_scale,
+                         bias=t.opt(f"{prefix}.bias"), fmt=f"{FMT} {prefix}")
+    return finish(t, prefix, layer, fp4_words(t, f"{prefix}.weight", FMT), f"{FMT} {prefix}")
 
 
 def import_fp8_layer(t: Tensors, prefix: str) -> QuantWeight:
-    w = t.get(f"{prefix}.weight", FMT)
+    w = t.meta(f"{prefix}.weight", FMT)
     if w.dtype != torch.float8_e4m3fn or w.dim() != 2:
         raise CheckpointFormatError(f"{FMT}: FP8 {prefix}.weight must be 2-D float8_e4m3fn, got {w.dtype}")
     n, k = w.shape
@@ -56,8 +60,9 @@ def import_fp8_layer(t: Tensors, prefix: str) -> QuantWeight:
     if f"{prefix}.input_scale" in t:
         act = ActQuant(parse_element_type("e4m3fn"), WideFloat("fp32"), per_token=False, static=True)
         input_scale = _scalar(t, f"{prefix}.input_scale")
-    return float_weight(elem="e4m3fn", codes=w.view(torch.uint8), scales=s, n=n, k=k, block=(0, 0), act=act,
-                        input_scale=input_scale, bias=t.opt(f"{prefix}.bias"), fmt=f"{FMT} {prefix}")
+    layer = float_weight(elem="e4m3fn", scales=s, n=n, k=k, block=(0, 0), act=act, input_scale=input_scale,
+                         bias=t.opt(f"{prefix}.bias"), fmt=f"{FMT} {prefix}")
+    return finish(t, prefix, layer, byte_words(t, f"{prefix}.weight", FMT), f"{FMT} {prefix}")
 
 
 def read(t: Tensors, qcfg: dict, hints: dict) -> dict[str, QuantWeight]:

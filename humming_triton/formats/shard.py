@@ -27,7 +27,7 @@ import torch
 from .packing import packed_words
 from .weight import QuantWeight
 
-__all__ = ["DIMS", "split_quantum", "split_points", "shard_range", "shard", "unshard"]
+__all__ = ["DIMS", "split_quantum", "even_cuts", "split_points", "shard_range", "shard", "unshard"]
 
 DIMS = ("n", "k", "expert")
 
@@ -62,16 +62,23 @@ def _extent(qw: QuantWeight, dim: str) -> int:
     return {"n": qw.N, "k": qw.K, "expert": qw.num_experts or 0}[dim]
 
 
-def split_points(qw: QuantWeight, dim: str, parts: int) -> list[int]:
-    """``parts + 1`` boundaries ``0 = b0 < b1 < ... = extent``: as even as the split quantum allows."""
+def even_cuts(extent: int, quantum: int, parts: int, what: str) -> list[int]:
+    """``parts + 1`` boundaries ``0 = b0 < b1 < ... = extent`` on multiples of ``quantum``, as even as that allows
+    (``what`` names the extent in the error).  Also used where no QuantWeight exists yet: a checkpoint's
+    per-expert layers are dealt out to expert-parallel ranks by their count alone (checkpoints/sharding.py)."""
     if not isinstance(parts, int) or parts < 1:
         raise ValueError(f"parts must be a positive int, got {parts!r}")
-    q, extent = split_quantum(qw, dim), _extent(qw, dim)
-    cuts = [min(extent, -(-(i * extent // parts) // q) * q) for i in range(parts)] + [extent]
+    cuts = [min(extent, -(-(i * extent // parts) // quantum) * quantum) for i in range(parts)] + [extent]
     if any(b <= a for a, b in zip(cuts, cuts[1:])):
-        raise ValueError(f"{dim.upper() if dim != 'expert' else 'the experts'}={extent} of {qw.scheme.name} cannot "
-                         f"be split into {parts} non-empty shards on multiples of {q}")
+        raise ValueError(f"{what} cannot be split into {parts} non-empty shards on multiples of {quantum}")
     return cuts
+
+
+def split_points(qw: QuantWeight, dim: str, parts: int) -> list[int]:
+    """``parts + 1`` boundaries ``0 = b0 < b1 < ... = extent``: as even as the split quantum allows."""
+    q, extent = split_quantum(qw, dim), _extent(qw, dim)
+    label = dim.upper() if dim != "expert" else "the experts"
+    return even_cuts(extent, q, parts, f"{label}={extent} of {qw.scheme.name}")
 
 
 def shard_range(qw: QuantWeight, dim: str, start: int, stop: int) -> QuantWeight:
