@@ -1,6 +1,7 @@
 """Issue 16, CUTLASS part: the sm_100a block-scaled GEMMs (cutlass_ext/csrc_sm100) compile with nvcc against the
 nvidia-cutlass headers, one instantiation per format, to tcgen05 block-scaled MMAs (checked in the SASS).
-Time-boxed: the compile of the translation unit (four CUTLASS kernels) takes 4-7 minutes on two cores."""
+Time-boxed: the compile of the translation unit (four CUTLASS kernels) takes 4-7 minutes on two cores.  Also (no
+compile): the ABI version and the ctypes signature cutlass_ext/blockscaled.py calls agree with the source's."""
 import re
 import shutil
 import subprocess
@@ -47,3 +48,55 @@ def test_sm100_blockscaled_gemms_compile_to_block_scaled_mma(tmp_path):
     assert sum(any(o.startswith("UTCOMMA") for o in k) for k in per_kernel) == 2, per_kernel
     assert sum("UTCOMMA.4X" in k for k in per_kernel) == 1, per_kernel
     assert sum(k == {"UTCQMMA"} for k in per_kernel) == 2, per_kernel
+    nm = shutil.which("nm")
+    if nm:  # the C ABI blockscaled.py loads
+        syms = subprocess.run([nm, "-g", "--defined-only", str(obj)], capture_output=True, text=True).stdout
+        syms = set(syms.split())
+        assert {"ht_sm100_blockscaled_abi", "ht_sm100_blockscaled_gemm", "ht_sm100_blockscaled_workspace",
+                "ht_sm100_sf_elements"} <= syms, sorted(s for s in syms if s.startswith("ht_"))
+
+
+class _Fn:
+    argtypes = restype = None
+
+
+class _FakeLib:
+    def __init__(self, abi):
+        for name in ("ht_sm100_blockscaled_gemm", "ht_sm100_blockscaled_workspace", "ht_sm100_sf_elements"):
+            setattr(self, name, _Fn())
+        self.ht_sm100_blockscaled_abi = lambda: abi
+
+
+def _c_params(src: str, name: str) -> list[str]:
+    sig = re.search(rf"\b{name}\(([^)]*)\)\s*{{", src)
+    assert sig, name
+    return [p.strip() for p in sig.group(1).split(",")]
+
+
+def test_abi_and_ctypes_signature_match_the_source(monkeypatch):
+    """A changed C signature must bump ht_sm100_blockscaled_abi() and blockscaled.ABI together (a stale library is
+    refused, not mis-called), and the argtypes blockscaled.py declares must be the signature's, type for type."""
+    import ctypes
+    from cutlass_ext import blockscaled
+    from cutlass_ext.build import SM100_SOURCES
+    src = SM100_SOURCES[0].read_text()
+    m = re.search(r"int ht_sm100_blockscaled_abi\(\) \{ return (\d+); \}", src)
+    assert m and int(m.group(1)) == blockscaled.ABI, (m and m.group(0), blockscaled.ABI)
+    fake = _FakeLib(blockscaled.ABI)
+    monkeypatch.setattr(blockscaled, "_native", lambda: (fake, None))
+    blockscaled._lib()
+    ctype = {"int": ctypes.c_int, "float": ctypes.c_float, "size_t": ctypes.c_size_t, "long long*": None}
+    for name in ("ht_sm100_blockscaled_gemm", "ht_sm100_blockscaled_workspace", "ht_sm100_sf_elements"):
+        params = _c_params(src, name)
+        declared = getattr(fake, name).argtypes
+        assert len(declared) == len(params), (name, params, declared)
+        for p, t in zip(params, declared):
+            kind = p.rsplit(" ", 1)[0].replace("const ", "")
+            if kind.endswith("*") and kind != "long long*":
+                assert t is ctypes.c_void_p, (name, p, t)
+            elif kind == "long long*":
+                assert t is ctypes.POINTER(ctypes.c_longlong), (name, p, t)
+            else:
+                assert t is ctype[kind], (name, p, t)
+    monkeypatch.setattr(blockscaled, "_native", lambda: (_FakeLib(blockscaled.ABI - 1), None))
+    assert "stale" in blockscaled.unavailable()
