@@ -2,12 +2,15 @@
 
 Plain nvcc, static CUDA runtime (the library needs only the driver at run time).  ``csrc/*.cu`` (the decode
 kernels): one cubin per numeric architecture named, plus PTX of the newest so that later GPUs can JIT it.
-``100a`` adds ``csrc_sm100/*.cu``: the CUTLASS tcgen05 block-scaled GEMMs for sm_100a, built against the
-nvidia-cutlass package's headers (``pip install nvidia-cutlass``; minutes of compile time).
+``90a`` adds ``csrc_sm90/mixed_gemm.cu``: the CUTLASS mixed-input WGMMA GEMMs for sm_90a, one translation unit
+per format (``-DHT_SM90_FMT``), compiled in parallel; ``100a`` adds ``csrc_sm100/*.cu``: the CUTLASS tcgen05
+block-scaled GEMMs for sm_100a.  Both build against the nvidia-cutlass package's headers (``pip install
+nvidia-cutlass``; minutes of compile time).  ``--jobs`` compiles that many translation units at once.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -19,8 +22,11 @@ from .native import library_path
 HERE = Path(__file__).resolve().parent
 SOURCES = sorted((HERE / "csrc").glob("*.cu"))
 SM100_SOURCES = sorted((HERE / "csrc_sm100").glob("*.cu"))
+SM90_SOURCE = HERE / "csrc_sm90" / "mixed_gemm.cu"
 DEFAULT_ARCHS = "80,90"
+SM90A = "90a"
 SM100 = "100a"
+CUTLASS_ARCHS = (SM90A, SM100)
 
 
 def cutlass_includes() -> list[Path]:
@@ -44,29 +50,67 @@ def command(archs: list[str], out: Path, nvcc: str = "nvcc") -> list[str]:
             *map(str, SOURCES)]
 
 
-def sm100_command(source: Path, out: Path, nvcc: str = "nvcc") -> list[str]:
-    """One CUTLASS sm_100a translation unit -> an object file."""
+def cutlass_command(source: Path, out: Path, arch: str, nvcc: str = "nvcc", defines: tuple = ()) -> list[str]:
+    """One CUTLASS translation unit for ``arch`` (90a / 100a) -> an object file."""
     incs = [f"-I{d}" for d in cutlass_includes()]
     return [nvcc, "-O3", "-std=c++17", "-c", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr", "-DNDEBUG",
-            f"-gencode=arch=compute_{SM100},code=sm_{SM100}", *incs, "-o", str(out), str(source)]
+            *(f"-D{d}" for d in defines), f"-gencode=arch=compute_{arch},code=sm_{arch}", *incs, "-o", str(out),
+            str(source)]
 
 
-def build(archs: list[str], out: Path | None = None, quiet: bool = False) -> Path:
+def sm100_command(source: Path, out: Path, nvcc: str = "nvcc") -> list[str]:
+    """One CUTLASS sm_100a translation unit -> an object file."""
+    return cutlass_command(source, out, SM100, nvcc)
+
+
+def sm90_formats() -> list[int]:
+    """The format ids of csrc_sm90/mixed_gemm.cu (its HT_SM90_FORMATS rows)."""
+    import re
+    text = SM90_SOURCE.read_text()
+    table = text[text.index("#define HT_SM90_FORMATS"):text.index("#define COMMA")]
+    return [int(i) for i in re.findall(r"^\s*X\((\d+),", table, re.M)]
+
+
+def _compile_all(commands: list[list[str]], jobs: int, quiet: bool) -> None:
+    """Run compiles ``jobs`` at a time; the first failure stops the build with its output."""
+    from concurrent.futures import ThreadPoolExecutor
+    done = 0
+
+    def one(cmd):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"compile failed: {' '.join(cmd[-3:])}\n{r.stderr[-4000:]}")
+        return cmd[cmd.index("-o") + 1]
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        for obj in pool.map(one, commands):
+            done += 1
+            if not quiet:
+                print(f"  [{done}/{len(commands)}] {Path(obj).name}", flush=True)
+
+
+def build(archs: list[str], out: Path | None = None, quiet: bool = False, jobs: int | None = None,
+          sm90_formats_only: list[int] | None = None) -> Path:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise RuntimeError("nvcc is not on PATH: the native library needs the CUDA toolkit to build")
     out = out or library_path()
     out.parent.mkdir(parents=True, exist_ok=True)
-    numeric = [a for a in archs if a != SM100]
+    numeric = [a for a in archs if a not in CUTLASS_ARCHS]
     if not numeric:
         raise ValueError("name at least one numeric architecture for the decode kernels (e.g. --arch 90,100a)")
     t0 = time.perf_counter()
     objs = [out.with_suffix(".decode.o")]
-    subprocess.run(command(numeric, objs[0], nvcc), check=True)
+    commands = [command(numeric, objs[0], nvcc)]
+    if SM90A in archs:
+        for fmt in sm90_formats_only or sm90_formats():
+            objs.append(out.with_suffix(f".sm90_mixed_{fmt}.o"))
+            commands.append(cutlass_command(SM90_SOURCE, objs[-1], SM90A, nvcc, (f"HT_SM90_FMT={fmt}",)))
     if SM100 in archs:
         for src in SM100_SOURCES:
             objs.append(out.with_suffix(f".{src.stem}.o"))
-            subprocess.run(sm100_command(src, objs[-1], nvcc), check=True)
+            commands.append(sm100_command(src, objs[-1], nvcc))
+    _compile_all(commands, jobs or os.cpu_count() or 1, quiet)
     subprocess.run([nvcc, "-shared", "-cudart", "static", "-o", str(out), *map(str, objs)], check=True)
     for o in objs:
         o.unlink()
@@ -79,8 +123,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default=DEFAULT_ARCHS, help="comma-separated SM versions (default %(default)s)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--jobs", type=int, default=None, help="translation units compiled at once (default: CPUs)")
+    ap.add_argument("--sm90-formats", default=None,
+                    help="comma-separated csrc_sm90 format ids to build (default: all; the others are then absent)")
     args = ap.parse_args(argv)
-    build([a.strip() for a in args.arch.split(",") if a.strip()], args.out)
+    only = [int(f) for f in args.sm90_formats.split(",")] if args.sm90_formats else None
+    build([a.strip() for a in args.arch.split(",") if a.strip()], args.out, jobs=args.jobs, sm90_formats_only=only)
     return 0
 
 

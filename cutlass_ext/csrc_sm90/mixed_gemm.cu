@@ -1,0 +1,188 @@
+// Hopper (sm_90a) mixed-input GEMMs through CUTLASS's warp-specialized TMA + WGMMA collectives (issue 13):
+//   y[T, N] = x[T, K] @ dequant(W[N, K])^T + bias[N]
+// computed as the swapped product D[N, T] = W[N, K] @ x[T, K]^T with D column-major, which *is* y row-major: the
+// quantized weight is the register-sourced WGMMA A operand (the mixed-input mainloop converts it in registers),
+// the tokens are the MMA's N dimension (16..256 per tile: small-M tiles are natural), and the weight rows fill the
+// 128-row M tiles of both consumer warpgroups.
+//
+// Two scale placements, by format:
+//   * group scales (g64 / g128 ...): the mainloop multiplies each converted weight by its group's scale (the group
+//     must be a multiple of the K tile) -- int4, and uint4 with an integer zero point folded to a float one
+//     (w = q * s + z', z' = -z * s);
+//   * channel scales: the weight converts exactly (int8, int4, e4m3 -> bf16 / fp16), the fp32 per-row scale
+//     multiplies the fp32 accumulator in the epilogue (exact post-scaling).
+// Both epilogues add a per-row (output channel) bias when its pointer is non-null.
+//
+// Formats: the activation type (bf16 / fp16) x the weight family, one translation unit each (the build compiles
+// this file once per format with -DHT_SM90_FMT=<id>: the formats compile in parallel, and each exports
+// ht_sm90_mixed_gemm_<id> / ht_sm90_mixed_workspace_<id>).  Group scales and folded zeros are fp32 for bf16
+// activations (the fp32 q * s + z' is exact, then one rounding to bf16, as the reference's dequantized weight
+// rounds) and fp16 for fp16 activations with fp16 scales (q * s in fp16: one rounding).  Variants: tile shape and
+// tile scheduler (persistent or stream-K), numbered in HT_SM90_VARIANTS; the tuner times them.
+#include <cutlass/cutlass.h>
+#include <cute/tensor.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/operations.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/gemm/kernel/tile_scheduler.hpp>
+#include <cutlass/util/packed_stride.hpp>
+
+#include <cstdint>
+
+namespace {
+
+using namespace cute;
+
+enum class Scaling { Group, GroupZero, Channel };
+
+template <class ElementW, class ElementX, class ElementScale, Scaling S, class TileShape, class Scheduler>
+struct MixedGemm {
+  using ElementD = ElementX;
+  using LayoutW = cutlass::layout::RowMajor;     // A: [N, K], K contiguous
+  using LayoutX = cutlass::layout::ColumnMajor;  // B: the K x T operand of x [T, K], K contiguous
+  using LayoutD = cutlass::layout::ColumnMajor;  // D [N, T] column-major == y [T, N] row-major
+  static constexpr int AlignW = 128 / cutlass::sizeof_bits<ElementW>::value;
+  static constexpr int AlignX = 128 / cutlass::sizeof_bits<ElementX>::value;
+  static constexpr int AlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
+  using ClusterShape = Shape<_1, _1, _1>;
+  using ElementAOperand = cute::conditional_t<
+      S == Scaling::Group, cute::tuple<ElementW, ElementScale>,
+      cute::conditional_t<S == Scaling::GroupZero, cute::tuple<ElementW, ElementScale, ElementScale>, ElementW>>;
+
+  using Fusion = cute::conditional_t<
+      S == Scaling::Channel,
+      cutlass::epilogue::fusion::PerRowLinCombPerRowBiasEltAct<cutlass::epilogue::thread::Identity, ElementD, float,
+                                                              ElementD, ElementD, float>,
+      cutlass::epilogue::fusion::LinCombPerRowBias<ElementD, float, ElementD, ElementD, float>>;
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, AlignD, ElementD, LayoutD, AlignD,
+      cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAOperand, LayoutW, AlignW, ElementX, LayoutX, AlignX,
+      float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, Scheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using StrideA = typename Kernel::StrideA;
+  using StrideB = typename Kernel::StrideB;
+  using StrideD = typename Kernel::StrideD;
+  using StrideS = typename Mainloop::StrideScale;
+
+  // n: weight rows (output features), t: tokens
+  static typename Gemm::Arguments arguments(const void* w, const void* scales, const void* zeros, const void* x,
+                                            const void* bias, void* y, int n, int t, int k, int group) {
+    auto problem = make_shape(n, t, k, 1);
+    StrideA sa = cutlass::make_cute_packed_stride(StrideA{}, make_shape(n, k, 1));
+    StrideB sb = cutlass::make_cute_packed_stride(StrideB{}, make_shape(t, k, 1));
+    StrideD sd = cutlass::make_cute_packed_stride(StrideD{}, make_shape(n, t, 1));
+    typename Gemm::Arguments args{};
+    args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+    args.problem_shape = problem;
+    if constexpr (S == Scaling::Channel) {
+      args.mainloop = {static_cast<const ElementW*>(w), sa, static_cast<const ElementX*>(x), sb};
+    } else {
+      StrideS ss = cutlass::make_cute_packed_stride(StrideS{}, make_shape(n, k / group, 1));
+      args.mainloop = {static_cast<const ElementW*>(w), sa, static_cast<const ElementX*>(x), sb,
+                       static_cast<const ElementScale*>(scales), ss, group};
+      if constexpr (S == Scaling::GroupZero) args.mainloop.ptr_Z = static_cast<const ElementScale*>(zeros);
+    }
+    args.epilogue.dC = sd;
+    args.epilogue.ptr_D = static_cast<ElementD*>(y);
+    args.epilogue.dD = sd;
+    auto& fusion = args.epilogue.thread;
+    fusion.alpha = 1.0f;
+    fusion.beta = 0.0f;
+    if constexpr (S == Scaling::Channel) fusion.alpha_ptr = static_cast<const float*>(scales);  // fp32 [N]
+    fusion.bias_ptr = static_cast<const ElementD*>(bias);  // null: no bias (the broadcast reads zeros)
+    return args;
+  }
+
+  static int run(const void* w, const void* scales, const void* zeros, const void* x, const void* bias, void* y,
+                 int n, int t, int k, int group, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+    Gemm gemm;
+    auto args = arguments(w, scales, zeros, x, bias, y, n, t, k, group);
+    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return -1;
+    if (Gemm::get_workspace_size(args) > workspace_bytes) return -2;
+    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return -3;
+    return gemm.run(stream) == cutlass::Status::kSuccess ? 0 : -4;
+  }
+
+  static size_t workspace(int n, int t, int k, int group) {
+    return Gemm::get_workspace_size(arguments(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, n, t, k, group));
+  }
+};
+
+using Persistent = cutlass::gemm::PersistentScheduler;
+using StreamK = cutlass::gemm::StreamKScheduler;
+
+// The formats (id, weight, activation, scale type, scaling); a build defines HT_SM90_FMT to pick one.
+#define HT_SM90_FORMATS(X)                                                                       \
+  X(0, cutlass::int4b_t, cutlass::bfloat16_t, float, Scaling::Group)       /* int4, group scales */ \
+  X(1, cutlass::int4b_t, cutlass::half_t, cutlass::half_t, Scaling::Group)                           \
+  X(2, cutlass::uint4b_t, cutlass::bfloat16_t, float, Scaling::GroupZero)  /* uint4 + zero point */ \
+  X(3, cutlass::uint4b_t, cutlass::half_t, float, Scaling::GroupZero)                                \
+  X(4, int8_t, cutlass::bfloat16_t, float, Scaling::Channel)               /* int8, channel */      \
+  X(5, int8_t, cutlass::half_t, float, Scaling::Channel)                                             \
+  X(6, cutlass::float_e4m3_t, cutlass::bfloat16_t, float, Scaling::Channel) /* e4m3, channel */     \
+  X(7, cutlass::float_e4m3_t, cutlass::half_t, float, Scaling::Channel)                              \
+  X(8, cutlass::int4b_t, cutlass::bfloat16_t, float, Scaling::Channel)     /* int4, channel */      \
+  X(9, cutlass::int4b_t, cutlass::half_t, float, Scaling::Channel)
+
+#define COMMA ,
+#ifndef HT_SM90_VARIANTS  // a compile check may define a shorter list before including this file
+#define HT_SM90_VARIANTS(X, ...)                                   \
+  X(0, Shape<_128 COMMA _16 COMMA _128>, Persistent, __VA_ARGS__)  \
+  X(1, Shape<_128 COMMA _32 COMMA _128>, Persistent, __VA_ARGS__)  \
+  X(2, Shape<_128 COMMA _64 COMMA _128>, Persistent, __VA_ARGS__)  \
+  X(3, Shape<_128 COMMA _128 COMMA _64>, Persistent, __VA_ARGS__)  \
+  X(4, Shape<_128 COMMA _256 COMMA _64>, Persistent, __VA_ARGS__)  \
+  X(5, Shape<_128 COMMA _16 COMMA _128>, StreamK, __VA_ARGS__)     \
+  X(6, Shape<_128 COMMA _128 COMMA _64>, StreamK, __VA_ARGS__)
+#endif
+
+}  // namespace
+
+#ifndef HT_SM90_FMT
+#error "compile once per format: -DHT_SM90_FMT=<id> (cutlass_ext/build.py does)"
+#endif
+
+#define HT_CAT2(a, b) a##b
+#define HT_CAT(a, b) HT_CAT2(a, b)
+#define HT_GEMM_FN HT_CAT(ht_sm90_mixed_gemm_, HT_SM90_FMT)
+#define HT_WS_FN HT_CAT(ht_sm90_mixed_workspace_, HT_SM90_FMT)
+
+extern "C" {
+
+// 0: launched; -1 CUTLASS cannot implement the problem (alignment, group vs K tile), -2 workspace too small,
+// -3 initialize failed, -4 launch failed, -9 unknown variant.
+int HT_GEMM_FN(int variant, const void* w, const void* scales, const void* zeros, const void* x, const void* bias,
+               void* y, int n, int t, int k, int group, void* workspace, size_t workspace_bytes, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+#define HT_RUN_VARIANT(V, T, SCHED, W, A, SC, S)                                                              \
+  if (variant == V)                                                                                            \
+    return MixedGemm<W, A, SC, S, T, SCHED>::run(w, scales, zeros, x, bias, y, n, t, k, group, workspace,      \
+                                                 workspace_bytes, s);
+#define HT_RUN_FORMAT(F, W, A, SC, S) \
+  if (F == HT_SM90_FMT) { HT_SM90_VARIANTS(HT_RUN_VARIANT, W, A, SC, S) }
+  HT_SM90_FORMATS(HT_RUN_FORMAT)
+  return -9;
+}
+
+// Bytes of workspace a variant needs (stream-K's partial tiles); -1 cast to size_t for an unknown variant.
+size_t HT_WS_FN(int variant, int n, int t, int k, int group) {
+#define HT_WS_VARIANT(V, T, SCHED, W, A, SC, S) \
+  if (variant == V) return MixedGemm<W, A, SC, S, T, SCHED>::workspace(n, t, k, group);
+#define HT_WS_FORMAT(F, W, A, SC, S) \
+  if (F == HT_SM90_FMT) { HT_SM90_VARIANTS(HT_WS_VARIANT, W, A, SC, S) }
+  HT_SM90_FORMATS(HT_WS_FORMAT)
+  return size_t(-1);
+}
+
+}  // extern "C"

@@ -1,0 +1,86 @@
+"""``cutlass_mixed``: the sm_90a CUTLASS mixed-input GEMMs (``cutlass_ext/csrc_sm90/mixed_gemm.cu``) for dense
+weight-only layers: int4 (group or channel scales), uint4 with integer zero points, int8 and e4m3 (channel
+scales), bf16 / fp16 activations, any M.  The weight is the register-sourced WGMMA operand (converted in registers
+by CUTLASS's mixed-input mainloop, TMA-fed, warp-specialized), the tokens the MMA's N side.  Backend ``cutlass``;
+``auto`` runs it only where the device's measured table says it is fastest.
+
+KernelConfig: ``block_m`` the token tile, ``block_n`` the weight tile (128), ``block_k`` the K tile, ``split_k``
+1 = persistent data-parallel tiles, 0 = stream-K (CUTLASS's scheduler splits K across CTAs to fill the SMs)."""
+from __future__ import annotations
+
+import torch
+
+from ...calls import Call, KernelConfig
+from . import Family, register
+
+
+def packed_view(qw, dtype):
+    """The kernels' operands of ``qw`` for ``dtype`` activations (cutlass_ext.mixed_gemm.repack), made once and
+    cached on the weight (the cache is never serialized)."""
+    from cutlass_ext.mixed_gemm import repack
+    state = qw.cache.setdefault("cutlass", {})
+    key = ("mixed", dtype)
+    if key not in state:
+        state[key] = repack(qw, dtype)
+    return state[key]
+
+
+def variant_of(cfg: KernelConfig) -> int:
+    from cutlass_ext.mixed_gemm import VARIANTS
+    want = (cfg.block_m, cfg.block_k, cfg.split_k == 0)
+    for v, spec in VARIANTS.items():
+        if spec == want:
+            return v
+    raise ValueError(f"no CUTLASS mixed-input variant with token tile {cfg.block_m}, K tile {cfg.block_k}, "
+                     f"{'stream-K' if cfg.split_k == 0 else 'persistent'} (variants: {VARIANTS})")
+
+
+class CutlassMixed(Family):
+    name = "cutlass_mixed"
+    backend = "cutlass"
+
+    def reason(self, call: Call) -> str | None:
+        from cutlass_ext.mixed_gemm import weight_reason
+        if call.op != "quant_linear" or call.experts:
+            return "the CUTLASS mixed-input GEMM runs dense linear layers"
+        if call.act_order:
+            return "act-order weights (the kernel reads K in stored order)"
+        if call.facts is not None and tuple(getattr(call.facts, "sm", (9, 0))) != (9, 0):
+            return f"sm_90a kernels run on SM 9.0 only (this GPU is SM {'.'.join(map(str, call.facts.sm))})"
+        why = weight_reason(call.scheme, call.n, call.k, call.dtype)
+        if why is None and call.device_type == "cuda":
+            from cutlass_ext.mixed_gemm import available, format_of
+            why = available(format_of(call.scheme, call.dtype)[0])
+        return why
+
+    def mma(self, call: Call) -> str:
+        return "wgmma"
+
+    def candidates(self, call: Call) -> list[KernelConfig]:
+        from cutlass_ext.mixed_gemm import VARIANTS, variant_reason
+        group = 0 if call.scheme.scale.block_k == 0 else call.scheme.group_k(call.k)
+        out = []
+        for v, (bm, bk, streamk) in VARIANTS.items():
+            if variant_reason(v, group) is None and (bm <= 2 * max(call.m, 16) or bm == 16):
+                out.append(KernelConfig(self.name, bm, 128, bk, 0 if streamk else 1, 1, 12, 0))
+        return out
+
+    def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
+        from cutlass_ext.mixed_gemm import run
+        m, n = x2.shape[0], qw.N
+        y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x2.device)
+        if m == 0:
+            return y
+        x2 = x2 if x2.is_contiguous() else x2.contiguous()
+        b = None
+        if bias is not None:  # the epilogue adds a bias of the activation type
+            b = bias if bias.dtype == x2.dtype and bias.is_contiguous() else bias.to(x2.dtype).contiguous()
+        target = y if y.dtype == x2.dtype and y.is_contiguous() else torch.empty(m, n, dtype=x2.dtype,
+                                                                                 device=x2.device)
+        run(x2, packed_view(qw, x2.dtype), b, target, variant_of(cfg))
+        if target is not y:
+            y.copy_(target)
+        return y
+
+
+register(CutlassMixed())
