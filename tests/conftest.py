@@ -10,12 +10,42 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+
+def _interpreter_rounds_bf16_to_nearest():
+    """Triton's interpreter casts fp32 -> bf16 by truncating the mantissa (its ``cast_impl`` passes no rounding
+    mode); the GPU's ``cvt.rn.bf16.f32`` rounds to nearest even.  Truncation biases every rounded weight toward
+    zero, and the correlated error can exceed the tolerance a real GPU meets (found by tests/test_fuzz.py: a
+    uint4 weight with float zeros, 1.5 bf16 ulps off).  Make the interpreter round as the GPU does."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32).astype(np.uint64)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            nan = np.isnan(src.data.astype(np.float32))
+            rounded = np.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)  # stays a (quiet) NaN
+            return interpreter.TensorHandle(rounded, dst_type.scalar)
+        return original(self, src, dst_type)
+
+    interpreter.InterpreterBuilder.cast_impl = cast_impl
+
+
+_interpreter_rounds_bf16_to_nearest()
+
 # hypothesis profiles: "ci" (the default), "nightly" (10x the examples: HYPOTHESIS_PROFILE=nightly), "dev" (quick).
 # Tests that set their own count scale it with humming_triton.testing.examples().
-settings.register_profile("ci", max_examples=100, deadline=None, print_blob=True,
+# "ci" draws the same examples every run (derandomize): a CI result is reproducible and a red run is a change's
+# fault; "nightly" and "dev" draw fresh ones, which is where new failures are found (then pinned with @example).
+settings.register_profile("ci", max_examples=100, deadline=None, print_blob=True, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("nightly", parent=settings.get_profile("ci"), max_examples=1000)
-settings.register_profile("dev", parent=settings.get_profile("ci"), max_examples=10)
+settings.register_profile("nightly", parent=settings.get_profile("ci"), max_examples=1000, derandomize=False)
+settings.register_profile("dev", parent=settings.get_profile("ci"), max_examples=10, derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # pytest-xdist runs one process per core: torch's per-process thread pools would oversubscribe the machine

@@ -37,6 +37,8 @@ def cases(draw):
 @given(cases())
 # found by CI: one channel scale spanning K = 144 with the fp8-activation tile's BLOCK_K = 128
 @example(("weight=int2,scale=fp16:channel,zero=none,act=e4m3fn/fp32:token", 1, 144, 1, 0, torch.float16))
+# found by a fresh draw: the interpreter's truncating fp32 -> bf16 cast (conftest.py makes it round to nearest)
+@example(("weight=uint4,scale=e8m0:channel,zero=float,act=e2m1/e8m0:g32", 40, 96, 2, 1, torch.bfloat16))
 def test_every_runnable_backend_matches_the_reference(case):
     text, n, k, m, seed, dtype = case
     g = torch.Generator().manual_seed(seed)
