@@ -13,6 +13,9 @@
 #           (writes autotune_configs/<device>.json, copied to $OUT)
 #   native  the native CUDA library (cutlass_ext): loads or is built here, its GPU tests, an ncu profile and a
 #           sweep of its configs at the decode shapes                                  -> native*.txt
+#   cutlass the sm_90a CUTLASS mixed-input GEMMs: load the carried build (else build here, 16 jobs), their GPU tests,
+#           a sweep of every variant at the headline shapes (M = 16..4096) beside the table's auto, memcheck over
+#           the tail shapes                                                           -> cutlass*.txt, cutlass_sweep.json
 #   sanitize compute-sanitizer ($SANITIZE_TOOLS, default memcheck) over the native kernel's tail shapes     -> sanitize.txt
 #   tp      2+ GPUs: scripts/tp_check.py (TP MLP pair + EP grouped GEMM vs one GPU, timed)      -> tp.json
 #   new     GPU tests of this session's new paths (swap-AB family, torch-composed families, dispatch)
@@ -67,6 +70,17 @@ for step in $STEPS; do
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
         --section LaunchStats python3 scripts/native_probe.py > "$OUT/native_ncu.txt" 2>&1
       timeout -k 5 120 python3 scripts/native_probe.py --sweep --out "$OUT/native_sweep.json" > "$OUT/native_sweep.txt" 2>&1 ;;
+    cutlass)  # the sm_90a CUTLASS GEMMs: carried build or built here; GPU tests; variant sweep; memcheck on tails
+      stamp cutlass
+      python3 -c "from cutlass_ext import mixed_gemm as m; import sys; w = m.available(); print(w or 'sm_90a GEMMs load'); sys.exit(1 if w else 0)" \
+        > "$OUT/cutlass.txt" 2>&1 || timeout -k 5 ${CUTLASS_BUILD_S:-420} python3 -m cutlass_ext.build --arch 80,90,90a \
+        --jobs 16 >> "$OUT/cutlass.txt" 2>&1
+      gpu_tests ${CUTLASS_S:-200} cutlass tests/test_cutlass_sm90.py
+      timeout -k 5 ${CUTLASS_SWEEP_S:-200} python3 scripts/native_probe.py --family cutlass_mixed --sweep \
+        ${CUTLASS_M:+--m $CUTLASS_M} --out "$OUT/cutlass_sweep.json" > "$OUT/cutlass_sweep.txt" 2>&1
+      timeout -k 5 ${SANITIZE_S:-100} compute-sanitizer --tool memcheck --kernel-name kns=GemmUniversal \
+        python3 scripts/native_probe.py --family cutlass_mixed --odd > "$OUT/cutlass_sanitize.txt" 2>&1
+      echo "(memcheck exit $?)" >> "$OUT/cutlass_sanitize.txt" ;;
     sanitize)  # compute-sanitizer (Firecracker runtime) over the native kernel's tail shapes, every config
       stamp sanitize
       for tool in ${SANITIZE_TOOLS:-memcheck}; do

@@ -1,7 +1,8 @@
-"""The native decode kernel on the GPU: a few launches to profile (``ncu ... python3 scripts/native_probe.py``), or
-``--sweep``: every ``mma_decode`` config at the decode shapes, timed like the benchmark (CUDA-graph replay, L2
-flushed, median), beside the Triton stream floor of the same weight bytes.  Prints one line per (shape, M) and
-writes JSON with ``--out``."""
+"""The native kernels on the GPU: a few launches to profile (``ncu ... python3 scripts/native_probe.py``), or
+``--sweep``: every config of a native family (``--family``: ``mma_decode``, the decode GEMM, at the decode
+shapes; ``cutlass_mixed``, the sm_90a CUTLASS mixed-input GEMMs, at the headline shapes and mid / prefill M)
+timed like the benchmark (CUDA-graph replay, L2 flushed, median), beside the table's ``auto`` choice and the
+Triton stream floor of the same weight bytes.  Prints one line per (shape, M) and writes JSON with ``--out``."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +21,9 @@ from humming_triton.kernels import families  # noqa: E402
 
 SHAPES = [("w4a16", 8192, 8192), ("w4a16", 4096, 14336), ("w4a16", 14336, 4096), ("w4a16", 28672, 4096),
           ("w8a16", 8192, 8192), ("w4a16-asym", 8192, 8192), ("mxfp4", 8192, 8192), ("nvfp4", 8192, 8192)]
+CUTLASS_SHAPES = [("w4a16", 8192, 8192), ("w4a16", 4096, 14336), ("w8a16", 8192, 8192), ("w4a16-asym", 8192, 8192),
+                  ("w8a16-fp8", 8192, 8192)]
+FAMILY_SHAPES = {"mma_decode": SHAPES, "cutlass_mixed": CUTLASS_SHAPES}
 
 
 def _case(scheme, n, k, m):
@@ -29,12 +33,17 @@ def _case(scheme, n, k, m):
     return qw, x
 
 
-def odd_shapes() -> None:
-    """Tails under compute-sanitizer: partial 16-row tiles, K not a multiple of 64, M = 9 (two token tiles), every
-    code kind, checked against the reference."""
-    fam = families.get("mma_decode")
-    for scheme, n, k, m in [("w8a16", 37, 208, 1), ("nvfp4", 24, 208, 9), ("w4a16-asym", 100, 1280, 9),
-                            ("mxfp4", 40, 224, 16), ("w4a16", 8200, 4224, 3)]:
+ODD = {"mma_decode": [("w8a16", 37, 208, 1), ("nvfp4", 24, 208, 9), ("w4a16-asym", 100, 1280, 9),
+                      ("mxfp4", 40, 224, 16), ("w4a16", 8200, 4224, 3)],
+       "cutlass_mixed": [("w4a16", 200, 1024, 7), ("w4a16-asym", 72, 384, 33), ("w8a16", 8200, 4224, 300),
+                         ("w8a16-fp8", 136, 256, 17), ("weight=int4,scale=fp16:channel", 8, 256, 1)]}
+
+
+def odd_shapes(family: str = "mma_decode") -> None:
+    """Tails under compute-sanitizer: partial weight and token tiles, K not a multiple of the K tile, every code
+    kind of the family, every config, checked against the reference."""
+    fam = families.get(family)
+    for scheme, n, k, m in ODD[family]:
         qw, x = _case(scheme, n, k, m)
         ref = ht.reference_linear(x, qw, out_dtype=torch.float32)
         call = Call("quant_linear", qw.scheme, x.dtype, m, n, k)
@@ -44,7 +53,7 @@ def odd_shapes() -> None:
             err = float((y.float() - ref).norm() / ref.norm())
             assert err < 1e-2, (scheme, n, k, m, cfg.describe(), err)
     torch.cuda.synchronize()
-    print("odd shapes: every config matches the reference")
+    print(f"odd shapes: every {family} config matches the reference")
 
 
 def profile() -> None:
@@ -58,14 +67,14 @@ def profile() -> None:
         torch.cuda.synchronize()
 
 
-def sweep(ms, out_path) -> None:
+def sweep(ms, out_path, family: str = "mma_decode") -> None:
     from benchmarks.floor import StreamFloor
     from benchmarks.timing import time_gpu
-    fam = families.get("mma_decode")
+    fam = families.get(family)
     floor = StreamFloor()
     rows = []
-    for scheme, n, k in SHAPES:
-        qw, x1 = _case(scheme, n, k, 16)
+    for scheme, n, k in FAMILY_SHAPES[family]:
+        qw, x1 = _case(scheme, n, k, max(ms))
         wbytes = qw.nbytes()
         f_us = floor.us(wbytes)
         for m in ms:
@@ -89,7 +98,7 @@ def sweep(ms, out_path) -> None:
                    "auto_us": auto_us, "auto": last_plan(), "floor_us": f_us, "weight_bytes": wbytes,
                    "all": [[round(u, 2), d, e] for u, d, e in timed]}
             rows.append(row)
-            print(f"{scheme:11s} {n:5d}x{k:<5d} M={m:2d}  native {best[0]:6.1f} us ({best[1]}, err {best[2]:.1e})  "
+            print(f"{scheme:11s} {n:5d}x{k:<5d} M={m:4d}  {family} {best[0]:7.1f} us ({best[1]}, err {best[2]:.1e})  "
                   f"table's auto {auto_us:6.1f} us ({row['auto']})  floor {f_us:6.1f} us  "
                   f"-> {f_us / best[0] * 100:4.0f}% of floor, {wbytes / best[0] / 1e3:5.0f} GB/s", flush=True)
         del qw, x1
@@ -102,13 +111,15 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--odd", action="store_true", help="the tail shapes (for compute-sanitizer)")
-    ap.add_argument("--m", default="1,4,16")
+    ap.add_argument("--family", default="mma_decode", choices=sorted(FAMILY_SHAPES))
+    ap.add_argument("--m", default=None, help="token counts (default: 1,4,16 for mma_decode, 16..4096 for cutlass)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    ms = a.m or ("1,4,16" if a.family == "mma_decode" else "16,64,256,1024,4096")
     if a.odd:
-        odd_shapes()
+        odd_shapes(a.family)
     elif a.sweep:
-        sweep([int(v) for v in a.m.split(",")], a.out)
+        sweep([int(v) for v in ms.split(",")], a.out, a.family)
     else:
         profile()
     return 0
