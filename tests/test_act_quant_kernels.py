@@ -13,7 +13,8 @@ from humming_triton.testing import unit_roundoff, assert_linear_close, poison_li
 
 SCHEMES = ["w8a8-fp8", "w8a8-fp8-block", "w4a8-fp8", "w4a8-mxfp4", "weight=e2m1,scale=fp16:g64,act=e4m3fn/fp32:g64",
            "w8a8-int8", "w4a8-int8", "weight=int8,scale=fp32:channel,act=int8/fp32:g128",
-           "w4a4-mxfp4", "w4a4-nvfp4", "weight=int4,scale=fp16:g128,act=e2m1/e8m0:g32", "w8a8-mxfp8"]
+           "w4a4-mxfp4", "w4a4-nvfp4", "weight=int4,scale=fp16:g128,act=e2m1/e8m0:g32", "w8a8-mxfp8",
+           "w4a8-mx"]
 
 
 @pytest.mark.interpret

@@ -307,9 +307,9 @@ def test_auto_never_picks_it_untimed(fake_lib, slug, tmp_path, monkeypatch):
 E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
 
 
-def _elements(codes: torch.Tensor, kind: str, k: int, low_first: bool = True) -> torch.Tensor:
+def _elements(codes: torch.Tensor, fp8: bool, k: int, low_first: bool = True) -> torch.Tensor:
     """The operand's element values from the bytes the GEMM reads: e2m1 pairs (low nibble = even k) or e4m3."""
-    if kind == "mxfp8":
+    if fp8:
         return codes.contiguous().view(torch.float8_e4m3fn).double()
     lo, hi = (codes & 15).long(), (codes >> 4).long()
     if not low_first:
@@ -330,16 +330,18 @@ def emulate(p: fam_mod.Prepared, weight_low_first: bool = True) -> torch.Tensor:
     vec = bs.VEC[p.kind]
     pad = bs.PAD_CODE["e4m3fn" if p.kind == "nvfp4" else "e8m0"]
     out = []
-    for codes, sf, rows, low_first in ((p.a, p.sfa, p.m, True), (p.b, p.sfb, p.n, weight_low_first)):
+    # e4m3 operands: both for MXFP8, the activations for MXFP8 x MXFP4
+    fp8 = (p.kind in ("mxfp8", "mxfp8_mxfp4"), p.kind == "mxfp8")
+    for codes, sf, rows, low_first, is8 in ((p.a, p.sfa, p.m, True, fp8[0]), (p.b, p.sfb, p.n, weight_low_first, fp8[1])):
         assert codes.dtype == sf.dtype == torch.uint8 and codes.is_contiguous()
-        assert codes.shape == (rows, p.k if p.kind == "mxfp8" else p.k // 2)
+        assert codes.shape == (rows, p.k if is8 else p.k // 2)
         assert sf.numel() == bs.sf_size(rows, p.k, vec)
         off = bs.sf_offsets(rows, bs.sf_groups(p.k, vec)).reshape(-1)
         padding = torch.ones(sf.numel(), dtype=torch.bool)
         padding[off] = False
         assert bool((sf[padding] == pad).all()), "padding must hold the code of 1.0"
         s = _scale_values(bs.from_sf_layout(sf, rows, p.k, vec), p.kind).repeat_interleave(vec, dim=1)[:, :p.k]
-        out.append(_elements(codes, p.kind, p.k, low_first) * s)
+        out.append(_elements(codes, is8, p.k, low_first) * s)
     y = out[0] @ out[1].T
     if p.alpha is not None:
         assert p.alpha.dtype == torch.float32 and p.alpha.shape == (1,)

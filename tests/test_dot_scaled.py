@@ -1,5 +1,5 @@
 """The block-scaled ``dot_scaled`` family (issue 16, Triton part): W4A4 MXFP4 x MXFP4, W4A4 NVFP4 x NVFP4, W4A8
-MXFP4 x e4m3 and W8A8 MXFP8 x MXFP8 -- against the reference under the CPU interpreter, opt-in in dispatch, and compiled for sm_100a /
+MXFP4 x e4m3, W4A8 MXFP4 x MXFP8 and W8A8 MXFP8 x MXFP8 -- against the reference under the CPU interpreter, opt-in in dispatch, and compiled for sm_100a /
 sm_120a with the block-scaled MMA in the PTX (no Blackwell GPU has run it).
 
 Under the interpreter: Triton 3.8 emulates ``tl.dot_scaled`` (numpy, e8m0 scales only), so the MXFP4, W4A8 and
@@ -30,7 +30,7 @@ from humming_triton.kernels.dense import default_config, triton_linear
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "compile_check.py")
-SCHEMES = ("w4a4-mxfp4", "w4a4-nvfp4", "w4a8-mxfp4", "w8a8-mxfp8")
+SCHEMES = ("w4a4-mxfp4", "w4a4-nvfp4", "w4a8-mxfp4", "w4a8-mx", "w8a8-mxfp8")
 
 interpreter = pytest.mark.skipif(not interpreting(), reason="CPU interpreter test (TRITON_INTERPRET=1)")
 

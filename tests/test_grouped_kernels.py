@@ -9,7 +9,7 @@ from humming_triton.testing import assert_linear_close, poison_like
 FORMATS = ["w4a16", "w4a16-asym", "w3a16", "w8a16", "mxfp4", "nvfp4", "w8a16-fp8-block", "w1a16",
            "weight=e3m2,scale=bf16:g64,zero=none"]
 # activation-quantized schemes: x is quantized first, then fp8 / int8 / bf16 (decoded e2m1) tiles
-ACT_FORMATS = ["w8a8-fp8", "w8a8-fp8-block", "w4a8-mxfp4", "w8a8-int8", "w4a8-int8", "w4a4-nvfp4", "w4a4-mxfp4", "w8a8-mxfp8"]
+ACT_FORMATS = ["w8a8-fp8", "w8a8-fp8-block", "w4a8-mxfp4", "w8a8-int8", "w4a8-int8", "w4a4-nvfp4", "w4a4-mxfp4", "w8a8-mxfp8", "w4a8-mx"]
 
 
 def _case(scheme, counts, n, k, dtype, rng, device="cpu", block_m=None, config=None):

@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # --- 1. non-finite activations ---------------------------------------------------------------------------------
 ACT_SCHEMES = ["w8a8-fp8", "w8a8-int8", "w4a8-fp8", "w4a8-int8", "w4a8-mxfp4", "w8a8-fp8-block", "w4a4-nvfp4",
-               "w4a4-mxfp4", "w8a8-mxfp8"]
+               "w4a4-mxfp4", "w8a8-mxfp8", "w4a8-mx"]
 def _backend_cases():
     for scheme in ACT_SCHEMES:
         for backend in ("reference", "triton", "torch"):

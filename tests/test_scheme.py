@@ -6,7 +6,7 @@ import humming_triton as ht
 from humming_triton.formats.scheme import PRESETS
 
 REQUIRED = ["w4a16", "w4a16-asym", "w8a16", "w2a16", "w3a16", "w1a16", "mxfp4", "mxint4", "nvfp4", "w8a16-fp8",
-            "w8a8-fp8", "w8a8-fp8-block", "w8a8-int8", "w4a8-fp8", "w4a8-mxfp4", "w4a4-nvfp4", "w4a4-mxfp4", "w8a8-mxfp8"]
+            "w8a8-fp8", "w8a8-fp8-block", "w8a8-int8", "w4a8-fp8", "w4a8-mxfp4", "w4a4-nvfp4", "w4a4-mxfp4", "w8a8-mxfp8", "w4a8-mx"]
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -215,6 +215,7 @@ _PRESET_STRINGS = {
     "w4a8-mxfp4": "weight=e2m1,scale=e8m0:g32,act=e4m3fn/fp32:token",
     "w4a4-nvfp4": "weight=e2m1,scale=e4m3fn:g16+global,act=e2m1/e4m3fn:g16+global",
     "w4a4-mxfp4": "weight=e2m1,scale=e8m0:g32,act=e2m1/e8m0:g32",
+    "w4a8-mx": "weight=e2m1,scale=e8m0:g32,act=e4m3fn/e8m0:g32",
     "w8a8-mxfp8": "weight=e4m3fn,scale=e8m0:g32,act=e4m3fn/e8m0:g32",
 }
 PRESETS: dict[str, QuantScheme] = {}

@@ -1,6 +1,7 @@
 """``blockscaled_cutlass``: the sm_100a CUTLASS tcgen05 block-scaled GEMMs (``cutlass_ext/csrc_sm100``, issue 16)
-for quant_linear -- W4A4 NVFP4 x NVFP4 (``w4a4-nvfp4``, kind 0), W4A4 MXFP4 x MXFP4 (``w4a4-mxfp4``, kind 1) and
-W8A8 MXFP8 x MXFP8 (``w8a8-mxfp8``, kind 3).  Backend ``cuda``.
+for quant_linear -- W4A4 NVFP4 x NVFP4 (``w4a4-nvfp4``, kind 0), W4A4 MXFP4 x MXFP4 (``w4a4-mxfp4``, kind 1), W4A8
+MXFP8 activations x MXFP4 weights (``w4a8-mx``, kind 2) and W8A8 MXFP8 x MXFP8 (``w8a8-mxfp8``, kind 3).  Backend
+``cuda``.
 
 Compiled, never run: no Blackwell GPU has executed these kernels (CI compiles them and checks their SASS,
 tests/test_cutlass_sm100.py).  What is checked on CPU (tests/test_blockscaled_layout.py): the scale-factor layout
@@ -23,7 +24,8 @@ cache); NVFP4's two global scales multiplied on the device into the epilogue's `
 fp32 ``out_dtype`` still carries bf16 rounding).
 
 ``w4a8-mxfp4`` is refused: its activations are e4m3 with per-token fp32 scales, and kind 2 (MXFP8 x MXFP4) needs
-MXFP8 activations (e8m0 scales per 32) -- quantizing them that way would compute something other than the scheme.
+MXFP8 activations (e8m0 scales per 32) -- quantizing them that way would compute something other than the scheme;
+``w4a8-mx`` is that scheme.
 """
 from __future__ import annotations
 
@@ -36,12 +38,12 @@ from . import Family, register
 from .dot_scaled import scheme_kind
 
 # dot_scaled's scheme kinds -> the C ABI's kind; w4a8-mxfp4 is not runnable (module docstring)
-CUTLASS_KIND = {"nvfp4": "nvfp4", "mxfp4": "mxfp4", "mxfp8": "mxfp8"}
-SCHEMES = ("w4a4-nvfp4", "w4a4-mxfp4", "w8a8-mxfp8")
+CUTLASS_KIND = {"nvfp4": "nvfp4", "mxfp4": "mxfp4", "w4a8-mx": "mxfp8_mxfp4", "mxfp8": "mxfp8"}
+SCHEMES = ("w4a4-nvfp4", "w4a4-mxfp4", "w4a8-mx", "w8a8-mxfp8")
 SM = (10, 0)  # sm_100a cubins (arch-specific "a" features: tcgen05) load on SM 10.0 only
 K_ALIGN = 32  # TMA: 16-byte rows of e2m1 (32 codes) / e4m3 (16); whole scale groups (16 NV, 32 MX)
 N_ALIGN = 8  # the bf16 output's 16-byte rows (AlignD = 8), which also covers the fp32 bias's 4-element vectors
-TILE_K = {"nvfp4": 256, "mxfp4": 256, "mxfp8": 128}  # the CTA tiles compiled into blockscaled_gemm.cu
+TILE_K = {"nvfp4": 256, "mxfp4": 256, "mxfp8_mxfp4": 128, "mxfp8": 128}  # the CTA tiles compiled into blockscaled_gemm.cu
 
 
 def cutlass_kind(scheme) -> str | None:
@@ -106,7 +108,7 @@ def prepare(x2: torch.Tensor, qw, bias: torch.Tensor | None) -> Prepared:
     m, n, k = x2.shape[0], qw.N, qw.K
     check_act_group(act, k)
     q = triton_quantize_activation(x2, act, qw.input_scale)
-    a = q.codes if kind == "mxfp8" else pack_e2m1(q.codes)
+    a = q.codes if kind in ("mxfp8", "mxfp8_mxfp4") else pack_e2m1(q.codes)  # e4m3 codes as they are
     sfa = to_sf_layout(q.scales, k, VEC[kind], PAD_CODE[_scale_format(kind)])
     b = qw.data.contiguous().view(torch.uint8)
     alpha = None

@@ -1,6 +1,7 @@
 """``dot_scaled``: the block-scaled MMA tile loop (``_dense_scaled.py``, ``tl.dot_scaled``) for MX / NV weights
 against quantized activations -- W4A4 MXFP4 x MXFP4 (``w4a4-mxfp4``), W4A4 NVFP4 x NVFP4 (``w4a4-nvfp4``),
-W4A8 MXFP4 x e4m3 with per-token fp32 scales (``w4a8-mxfp4``) and W8A8 MXFP8 x MXFP8 (``w8a8-mxfp8``).  Issue 16.
+W4A8 MXFP4 x e4m3 with per-token fp32 scales (``w4a8-mxfp4``), W4A8 MXFP4 x MXFP8 (``w4a8-mx``) and W8A8 MXFP8 x
+MXFP8 (``w8a8-mxfp8``).  Issue 16.
 
 Opt-in: its MMA is "block_scaled" (capability.py: SM 10.0 and 12.0), so neither the H200 nor the interpreter's
 posed H200 facts offer it, and the built-in heuristic (configs.py) never names it -- only a measured table from
@@ -24,6 +25,7 @@ KINDS = {  # name -> (weight, activation)
     "mxfp4": (_MX4, ("e2m1", "e8m0", 32, False)),
     "nvfp4": (_NV4, ("e2m1", "e4m3fn", 16, True)),
     "w4a8-mxfp4": (_MX4, ("e4m3fn", "fp32", 0, False)),
+    "w4a8-mx": (_MX4, ("e4m3fn", "e8m0", 32, False)),
     "mxfp8": (("e4m3fn", "e8m0", 32, False), ("e4m3fn", "e8m0", 32, False)),
 }
 W_FMT = {"e2m1": 0, "e4m3fn": 1}  # the kernel's W_FMT: packed e2m1 pairs / one e4m3 code per byte
@@ -71,7 +73,7 @@ class DotScaled(Family):
             return f"{call.op}: dot_scaled is a dense quant_linear family"
         if scheme_kind(call.scheme) is None:
             return (f"{call.scheme.name}: dot_scaled runs e2m1 weights with e8m0:g32 scales against e2m1/e8m0:g32 or "
-                    f"per-token e4m3fn/fp32 activations, NVFP4 x NVFP4 (e4m3fn:g16+global both sides), or MXFP8 x "
+                    f"per-token e4m3fn/fp32 or e4m3fn/e8m0:g32 activations, NVFP4 x NVFP4 (e4m3fn:g16+global both sides), or MXFP8 x "
                     f"MXFP8 (e4m3fn with e8m0:g32 both sides)")
         if call.act_order:
             return "act-order weights"
