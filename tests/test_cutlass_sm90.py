@@ -7,7 +7,7 @@ odd shapes for every format; unsupported weights get a reason; the family is opt
 weight family for sm_90a and checks the SASS (time-boxed).  GPU (``-m gpu``): every variant against the
 reference on odd shapes, bias, poisoned outputs.
 """
-import os
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -135,6 +135,42 @@ def test_family_and_backend_are_opt_in():
                                             facts=facts_for_sm((10, 0))))
     assert "dense" in fam.reason(Call("grouped_linear", scheme, torch.bfloat16, 16, 8192, 8192, experts=8))
     assert "act-order" in fam.reason(Call("quant_linear", scheme, torch.bfloat16, 16, 8192, 8192, act_order=True))
+
+
+def test_run_checks_its_arguments_before_the_library(rng):
+    """Bad arguments are refused with a message naming the problem before any native call (no library here)."""
+    qw = _weight("w4a16", 72, 384, rng)
+    p = mg.repack(qw, torch.bfloat16)
+    x = torch.randn(4, 384, generator=rng).to(torch.bfloat16)
+    out = torch.empty(4, 72, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="takes torch.bfloat16 activations"):
+        mg.run(x.half(), p, None, out.half())
+    with pytest.raises(ValueError, match="must be contiguous"):
+        mg.run(x.t().contiguous().t(), p, None, out)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        mg.run(x, p, None, torch.empty(4, 70, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="bias must be"):
+        mg.run(x, p, torch.zeros(71, dtype=torch.bfloat16), out)
+    with pytest.raises(ValueError, match="unknown variant"):
+        mg.run(x, p, None, out, variant=42)
+    g64 = mg.repack(_weight("weight=int4,scale=fp16:g64", 72, 384, rng), torch.bfloat16)
+    with pytest.raises(ValueError, match="not a multiple of the variant's K tile"):
+        mg.run(x, g64, None, out, variant=0)
+    with pytest.raises(ValueError, match="act-order"):
+        mg.repack(dataclasses.replace(qw, k_perm=torch.arange(384)), torch.bfloat16)
+
+
+def test_missing_library_or_symbols_say_how_to_build(monkeypatch, tmp_path):
+    from cutlass_ext import native
+    from humming_triton import backends
+    monkeypatch.setenv("HT_NATIVE_LIB", str(tmp_path / "missing.so"))
+    native._load.cache_clear()
+    try:
+        assert "python3 -m cutlass_ext.build" in mg.available()
+        call = Call("quant_linear", ht.QuantScheme.parse("w4a16"), torch.bfloat16, 64, 256, 256)
+        assert "cutlass_ext.build" in backends.get("cutlass").reason(call)
+    finally:
+        native._load.cache_clear()
 
 
 def test_build_compiles_one_unit_per_format():
