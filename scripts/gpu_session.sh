@@ -16,6 +16,7 @@
 #   cutlass the sm_90a CUTLASS mixed-input GEMMs: load the carried build (else build here, 16 jobs), their GPU tests,
 #           a sweep of every variant at the headline shapes (M = 16..4096) beside the table's auto, memcheck over
 #           the tail shapes                                                           -> cutlass*.txt, cutlass_sweep.json
+#   syncfree every registered path (backend x family) and the MoE ops under set_sync_debug_mode("error") -> gpu_tests.txt
 #   sanitize compute-sanitizer ($SANITIZE_TOOLS, default memcheck) over the native kernel's tail shapes     -> sanitize.txt
 #   tp      2+ GPUs: scripts/tp_check.py (TP MLP pair + EP grouped GEMM vs one GPU, timed)      -> tp.json
 #   new     GPU tests of this session's new paths (swap-AB family, torch-composed families, dispatch)
@@ -81,6 +82,7 @@ for step in $STEPS; do
       timeout -k 5 ${SANITIZE_S:-100} compute-sanitizer --tool memcheck --kernel-name kns=GemmUniversal \
         python3 scripts/native_probe.py --family cutlass_mixed --odd > "$OUT/cutlass_sanitize.txt" 2>&1
       echo "(memcheck exit $?)" >> "$OUT/cutlass_sanitize.txt" ;;
+    syncfree) gpu_tests ${SYNCFREE_S:-150} syncfree tests/test_sync_free.py tests/test_batch_invariant.py ;;
     sanitize)  # compute-sanitizer (Firecracker runtime) over the native kernel's tail shapes, every config
       stamp sanitize
       for tool in ${SANITIZE_TOOLS:-memcheck}; do
