@@ -19,6 +19,8 @@ import time  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("humming_triton", "cublas", "torch_scaled_mm", "torch_grouped_mm", "humming", "gemlite")
+# opt-in (named with --methods only): ours in batch-invariant mode, for the mode's cost beside the default rows
+OPTIONAL_METHODS = ("humming_triton_invariant",)
 # seconds of layer building + first (compiling/autotuning) calls each peer may spend in the headline suite
 HEADLINE_PEER_BUDGET_S = {"humming": 130.0, "gemlite": 60.0}
 
@@ -31,7 +33,8 @@ def _parse(argv):
                    help="CPU smoke mode: TRITON_INTERPRET=1, tiny dense cases, ours + torch CPU matmul only")
     p.add_argument("--only", choices=("dense", "moe"), default=None)
     p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
-                   help=f"subset of {', '.join(METHODS)} (comma- or space-separated)")
+                   help=f"subset of {', '.join(METHODS)} (comma- or space-separated); opt-in: "
+                        f"{', '.join(OPTIONAL_METHODS)}")
     p.add_argument("--schemes", nargs="+", default=None, help="only these presets (e.g. w4a16 mxfp4)")
     p.add_argument("--peer-budget-s", type=float, default=None,
                    help="compile/warm-up seconds per peer (humming, gemlite); <= 0: unlimited. "
@@ -47,9 +50,9 @@ def _parse(argv):
     a = p.parse_args(argv)
     if a.methods:
         a.methods = [m for item in a.methods for m in item.split(",") if m]
-        bad = sorted(set(a.methods) - set(METHODS))
+        bad = sorted(set(a.methods) - set(METHODS) - set(OPTIONAL_METHODS))
         if bad:
-            p.error(f"unknown method(s) {bad}; choose from {', '.join(METHODS)}")
+            p.error(f"unknown method(s) {bad}; choose from {', '.join(METHODS + OPTIONAL_METHODS)}")
     if a.schemes:
         a.schemes = [s for item in a.schemes for s in item.split(",") if s]
     return a
@@ -134,7 +137,7 @@ def main(argv=None) -> int:
     cases = cases_filter(suite_cases(suite), a.only, a.schemes)
     selected = set(a.methods or METHODS)
     if a.interpret:
-        selected &= {"humming_triton", "cublas"}  # no peers on CPU; "cublas" is torch's CPU matmul here
+        selected &= {"humming_triton", "humming_triton_invariant", "cublas"}  # no peers on CPU; "cublas": torch CPU matmul
     if a.peer_budget_s is not None:
         limits = {k: (a.peer_budget_s if a.peer_budget_s > 0 else None) for k in HEADLINE_PEER_BUDGET_S}
     else:

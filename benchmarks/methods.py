@@ -198,9 +198,10 @@ class SchemeCtx:
 
 # --- ours --------------------------------------------------------------------------------------------------
 
-def make_ours(sc: SchemeCtx, mi: MInputs, backend: str) -> Prepared:
+def make_ours(sc: SchemeCtx, mi: MInputs, backend: str, invariant: bool = False) -> Prepared:
     """``ht.quant_linear`` (dense) / ``ht.grouped_linear`` (MoE).  The reference backend is never timed on a
-    GPU (it is a float32 dequantize-and-matmul, not a kernel): ``backend='reference'`` is a CPU debug flag."""
+    GPU (it is a float32 dequantize-and-matmul, not a kernel): ``backend='reference'`` is a CPU debug flag.
+    ``invariant``: the same call in batch-invariant mode (``ht.batch_invariant()``), for the mode's cost."""
     scheme = sc.scheme
     act8 = ht.QuantScheme.parse(scheme).act is not None
     op = "grouped_linear" if sc.shape.moe else "quant_linear"
@@ -214,6 +215,12 @@ def make_ours(sc: SchemeCtx, mi: MInputs, backend: str) -> Prepared:
         fn = lambda: ht.grouped_linear(x, qw, mi.offsets, backend=backend)  # noqa: E731
     else:
         fn = lambda: ht.quant_linear(x, qw, backend=backend)  # noqa: E731
+    if invariant:
+        plain = fn
+
+        def fn():
+            with ht.batch_invariant():
+                return plain()
 
     def check_backend():
         # "triton" and the torch-composed "torch" backend (dequantize + cuBLAS) are real candidates the

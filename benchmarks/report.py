@@ -16,13 +16,16 @@ from .cases import ACT_FP8_SCHEMES
 __all__ = ["add_peer_ratios", "write_json", "write_markdown", "write_plots", "dispatch_section", "method_names"]
 
 OURS = "humming_triton"
-PEER_COLS = {"dense": ("cublas", "torch_scaled_mm", "humming", "gemlite"),
-             "moe": ("torch_grouped_mm", "humming")}
+INVARIANT = "humming_triton_invariant"  # ours in batch-invariant mode (opt-in method): a column, never a peer
+PEER_COLS = {"dense": ("humming_triton_invariant", "cublas", "torch_scaled_mm", "humming", "gemlite"),
+             "moe": ("humming_triton_invariant", "torch_grouped_mm", "humming")}
 # (matplotlib hides legend labels that start with "_")
 NAMES = {"humming_triton": "ours", "cublas": "cuBLAS bf16", "torch_scaled_mm": "scaled_mm fp8",
-         "torch_grouped_mm": "grouped_mm bf16", "humming": "Humming", "gemlite": "gemlite"}
+         "torch_grouped_mm": "grouped_mm bf16", "humming": "Humming", "gemlite": "gemlite",
+         "humming_triton_invariant": "ours, batch-invariant"}
 COLORS = {"humming_triton": "tab:red", "cublas": "tab:gray", "torch_scaled_mm": "tab:purple",
-          "torch_grouped_mm": "tab:gray", "humming": "tab:blue", "gemlite": "tab:green"}
+          "torch_grouped_mm": "tab:gray", "humming": "tab:blue", "gemlite": "tab:green",
+          "humming_triton_invariant": "tab:orange"}
 
 
 def method_names(records: list[dict]) -> dict[str, str]:
@@ -50,7 +53,7 @@ def add_peer_ratios(records: list[dict]) -> None:
         if r["method"] != OURS or r["us"] is None:
             continue
         peers = [p for p in groups[_case_key(r)]
-                 if p["method"] != OURS and p["us"] is not None and p["scheme"] in (r["scheme"], "bf16")]
+                 if p["method"] not in (OURS, INVARIANT) and p["us"] is not None and p["scheme"] in (r["scheme"], "bf16")]
         if peers:
             best = min(peers, key=lambda p: p["us"])
             r["vs_best_peer"] = best["us"] / r["us"]
@@ -90,7 +93,7 @@ def _table(kind: str, records: list[dict]) -> list[str]:
     rows = [r for r in records if r["kind"] == kind]
     if not rows:
         return []
-    cols = PEER_COLS[kind]
+    cols = [c for c in PEER_COLS[kind] if c != INVARIANT or any(r["method"] == INVARIANT for r in rows)]
     lines = []
     dense = kind == "dense"
     names = method_names(rows)

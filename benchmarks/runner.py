@@ -17,7 +17,8 @@ from . import peers
 from .cases import ACT_FP8_SCHEMES, DenseCase, MoECase
 from .timing import time_cpu, time_gpu
 
-ALL_METHODS = ("humming_triton", "cublas", "torch_scaled_mm", "torch_grouped_mm", "humming", "gemlite")
+ALL_METHODS = ("humming_triton", "cublas", "torch_scaled_mm", "torch_grouped_mm", "humming", "gemlite",
+               "humming_triton_invariant")
 BUDGETED = ("humming", "gemlite")
 
 
@@ -121,6 +122,8 @@ def _wanted_methods(case, suite: str, selected: set, done: set) -> list[str]:
     out = []
     if "humming_triton" in selected:
         out.append("humming_triton")
+    if "humming_triton_invariant" in selected:
+        out.append("humming_triton_invariant")
     if case.kind == "dense":
         if "cublas" in selected and ("cublas", key) not in done:
             out.append("cublas")
@@ -160,6 +163,7 @@ def run_cases(cases: list, *, suite: str, selected: set, device: str, our_backen
                 for method in _wanted_methods(case, suite, selected, done):
                     make = {
                         "humming_triton": lambda: mt.make_ours(sc, mi, our_backend),
+                        "humming_triton_invariant": lambda: mt.make_ours(sc, mi, our_backend, invariant=True),
                         "cublas": lambda: mt.make_cublas(shape, mi),
                         "torch_scaled_mm": lambda: mt.make_scaled_mm(sc, mi),
                         "torch_grouped_mm": lambda: mt.make_grouped_mm(shape, mi),

@@ -27,6 +27,8 @@
 #                                                                                          -> e2e.txt, e2e_*.json
 #   bench   the headline benchmark with peers                                              -> bench/ (4 files)
 #   decode  the decode-batch benchmark (M = 1..16) and the W4A4 rows, with peers               -> decode/
+#   invariant ours vs ours in batch-invariant mode, headline dense rows of $INV_SCHEMES (default w4a16,w8a16,mxfp4)
+#           -> invariant/ (the mode's cost, for the README)
 # Failures of every pytest step are appended to gpu_failures.txt as they happen.
 set -u
 cd "$(dirname "$0")/.."
@@ -116,6 +118,11 @@ for step in $STEPS; do
         ${PEER_BUDGET_S:+--peer-budget-s $PEER_BUDGET_S} ${DECODE_COMPARE:+--compare "$DECODE_COMPARE"} ${DECODE_ARGS:-} \
         > "$OUT/decode_log.txt" \
         2> "$OUT/decode_stderr.txt" ;;
+    invariant)
+      stamp invariant
+      timeout -k 5 ${INV_S:-150} python3 -m benchmarks --suite headline --only dense --no-cold-start \
+        --methods humming_triton,humming_triton_invariant --schemes ${INV_SCHEMES:-w4a16,w8a16,mxfp4} \
+        --out "$OUT/invariant" > "$OUT/invariant_log.txt" 2>&1 ;;
     *) echo "unknown step $step" ;;
   esac
   pack
