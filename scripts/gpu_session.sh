@@ -23,7 +23,8 @@
 #   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
 #   overhead host-side µs per call of each path (eager, op, compiled) + profiles  -> overhead.txt
 #   demo    python3 -m humming_triton.demo --backend triton                                -> demo.txt
-#   e2e     decode tokens/s vs bf16: dense Llama ($E2E_SCHEMES) and Qwen3-MoE (eager, CUDA graph, torch.compile)
+#   e2e     decode tokens/s vs bf16: dense Llama ($E2E_SCHEMES) and Qwen3-MoE (eager, CUDA graph, torch.compile);
+#           E2E_GENERATE=1 adds HF generate with a static KV cache (eager and compiled)
 #                                                                                          -> e2e.txt, e2e_*.json
 #   bench   the headline benchmark with peers                                              -> bench/ (4 files)
 #   decode  the decode-batch benchmark (M = 1..16) and the W4A4 rows, with peers               -> decode/
@@ -105,7 +106,10 @@ for step in $STEPS; do
       timeout -k 5 110 python3 -m benchmarks.e2e ${E2E_COMPILE---compile} --schemes ${E2E_SCHEMES:-w4a16,w8a16,mxfp4} \
         --out "$OUT/e2e_llama.json" > "$OUT/e2e.txt" 2>&1
       [ -n "${E2E_DENSE_ONLY:-}" ] || timeout -k 5 110 python3 -m benchmarks.e2e --compile --model qwen3_moe --hidden 2048 --layers 4 \
-        --backend triton --schemes w4a16,mxfp4 --out "$OUT/e2e_moe.json" >> "$OUT/e2e.txt" 2>&1 ;;
+        --backend triton --schemes w4a16,mxfp4 --out "$OUT/e2e_moe.json" >> "$OUT/e2e.txt" 2>&1
+      # HF generate with a static KV cache, eager and compiled (reduce-overhead), decode tokens/s vs bf16
+      [ -z "${E2E_GENERATE:-}" ] || timeout -k 5 ${E2E_GENERATE_S:-150} python3 -m benchmarks.e2e --generate \
+        --schemes ${E2E_SCHEMES:-w4a16,w8a16,mxfp4} --out "$OUT/e2e_generate.json" >> "$OUT/e2e.txt" 2>&1 ;;
     bench)
       stamp bench
       timeout -k 5 ${BENCH_S:-260} python3 -m benchmarks --suite headline --out "$OUT/bench" --no-cold-start \
