@@ -63,6 +63,15 @@ def sm100_command(source: Path, out: Path, nvcc: str = "nvcc") -> list[str]:
     return cutlass_command(source, out, SM100, nvcc)
 
 
+def sm90_variants() -> list[int]:
+    """The variant ids of csrc_sm90/mixed_gemm.cu (its default HT_SM90_VARIANTS rows)."""
+    import re
+    text = SM90_SOURCE.read_text()
+    table = text[text.index("#define HT_SM90_VARIANTS"):]
+    table = table[:table.index("#endif")]
+    return [int(i) for i in re.findall(r"^\s*X\((\d+),", table, re.M)]
+
+
 def sm90_formats() -> list[int]:
     """The format ids of csrc_sm90/mixed_gemm.cu (its HT_SM90_FORMATS rows)."""
     import re
@@ -90,7 +99,7 @@ def _compile_all(commands: list[list[str]], jobs: int, quiet: bool) -> None:
 
 
 def build(archs: list[str], out: Path | None = None, quiet: bool = False, jobs: int | None = None,
-          sm90_formats_only: list[int] | None = None) -> Path:
+          sm90_formats_only: list[int] | None = None, split_variants: bool = False) -> Path:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise RuntimeError("nvcc is not on PATH: the native library needs the CUDA toolkit to build")
@@ -104,8 +113,12 @@ def build(archs: list[str], out: Path | None = None, quiet: bool = False, jobs: 
     commands = [command(numeric, objs[0], nvcc)]
     if SM90A in archs:
         for fmt in sm90_formats_only or sm90_formats():
-            objs.append(out.with_suffix(f".sm90_mixed_{fmt}.o"))
-            commands.append(cutlass_command(SM90_SOURCE, objs[-1], SM90A, nvcc, (f"HT_SM90_FMT={fmt}",)))
+            # one unit per format, or (split_variants) per kernel: more parallelism for many-core machines
+            for v in (sm90_variants() if split_variants else [None]):
+                tag = f"{fmt}" if v is None else f"{fmt}_v{v}"
+                objs.append(out.with_suffix(f".sm90_mixed_{tag}.o"))
+                defines = (f"HT_SM90_FMT={fmt}",) + (() if v is None else (f"HT_SM90_VARIANT={v}",))
+                commands.append(cutlass_command(SM90_SOURCE, objs[-1], SM90A, nvcc, defines))
     if SM100 in archs:
         for src in SM100_SOURCES:
             objs.append(out.with_suffix(f".{src.stem}.o"))
@@ -126,9 +139,12 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=None, help="translation units compiled at once (default: CPUs)")
     ap.add_argument("--sm90-formats", default=None,
                     help="comma-separated csrc_sm90 format ids to build (default: all; the others are then absent)")
+    ap.add_argument("--split-variants", action="store_true",
+                    help="compile each sm_90a kernel in its own unit (for machines with many cores)")
     args = ap.parse_args(argv)
     only = [int(f) for f in args.sm90_formats.split(",")] if args.sm90_formats else None
-    build([a.strip() for a in args.arch.split(",") if a.strip()], args.out, jobs=args.jobs, sm90_formats_only=only)
+    build([a.strip() for a in args.arch.split(",") if a.strip()], args.out, jobs=args.jobs, sm90_formats_only=only,
+          split_variants=args.split_variants)
     return 0
 
 

@@ -130,12 +130,18 @@ def _lib():
     return lib
 
 
-def _fn(fmt: int, what: str):
+def _symbols(fmt: int, what: str, variant: int) -> tuple[str, str]:
+    """The exported names that can hold a (format, variant): one unit per kernel (``--split-variants``), or one
+    per format."""
+    return f"ht_sm90_mixed_{what}_{fmt}_v{variant}", f"ht_sm90_mixed_{what}_{fmt}"
+
+
+def _fn(fmt: int, what: str, variant: int):
     lib = _lib()
-    name = f"ht_sm90_mixed_{what}_{fmt}"
-    fn = getattr(lib, name, None)
+    names = _symbols(fmt, what, variant)
+    fn = next((getattr(lib, n) for n in names if hasattr(lib, n)), None)
     if fn is None:
-        raise RuntimeError(f"the native library has no {name}: build it with --arch ...,90a")
+        raise RuntimeError(f"the native library has no {' / '.join(names)}: build it with --arch ...,90a")
     i, p = ctypes.c_int, ctypes.c_void_p
     if what == "gemm":
         fn.argtypes = [i, p, p, p, p, p, p, i, i, i, i, p, ctypes.c_size_t, p]
@@ -153,7 +159,8 @@ def available(fmt: int | None = None) -> str | None:
     why = unavailable()
     if why:
         return why
-    have = [f for f in FORMATS if hasattr(_lib(), f"ht_sm90_mixed_gemm_{f}")]
+    lib = _lib()
+    have = [f for f in FORMATS if any(hasattr(lib, n) for v in VARIANTS for n in _symbols(f, "gemm", v))]
     if (fmt is None and have) or fmt in have:
         return None
     return (f"the native library was built without the sm_90a CUTLASS GEMM{'s' if fmt is None else f' of format {fmt}'}"
@@ -187,9 +194,9 @@ def run(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None, out: torch.Tenso
         raise ValueError(f"bias must be a contiguous {dtype} [{p.n}]")
     if t == 0:
         return out
-    nbytes = _fn(p.fmt, "workspace")(variant, p.n, t, p.k, p.group or p.k)
+    nbytes = _fn(p.fmt, "workspace", variant)(variant, p.n, t, p.k, p.group or p.k)
     ws = _workspace(x2.device, nbytes)
-    err = _fn(p.fmt, "gemm")(variant, p.w.data_ptr(), p.scales.data_ptr(),
+    err = _fn(p.fmt, "gemm", variant)(variant, p.w.data_ptr(), p.scales.data_ptr(),
                              None if p.zeros is None else p.zeros.data_ptr(), x2.data_ptr(),
                              None if bias is None else bias.data_ptr(), out.data_ptr(), p.n, t, p.k,
                              p.group or p.k, ws.data_ptr(), ws.numel(), torch.cuda.current_stream(x2.device).cuda_stream)

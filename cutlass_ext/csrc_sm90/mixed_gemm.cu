@@ -153,34 +153,61 @@ using StreamK = cutlass::gemm::StreamKScheduler;
 #error "compile once per format: -DHT_SM90_FMT=<id> (cutlass_ext/build.py does)"
 #endif
 
+// Only this unit's format (and, with -DHT_SM90_VARIANT=<v>, only that variant) is instantiated: a dispatch branch
+// of another format or variant goes to the Keep = false stub, so no kernel of it is compiled here.
+#ifdef HT_SM90_VARIANT
+#define HT_KEEP(F, V) (F == HT_SM90_FMT && V == HT_SM90_VARIANT)
+#else
+#define HT_KEEP(F, V) (F == HT_SM90_FMT)
+#endif
+
+namespace {
+
+template <bool Keep, class W, class A, class SC, Scaling S, class T, class Sched>
+struct Variant {  // Keep = false: a branch compiled elsewhere (or nowhere)
+  static int run(const void*, const void*, const void*, const void*, const void*, void*, int, int, int, int, void*,
+                 size_t, cudaStream_t) { return -9; }
+  static size_t workspace(int, int, int, int) { return size_t(-1); }
+};
+
+template <class W, class A, class SC, Scaling S, class T, class Sched>
+struct Variant<true, W, A, SC, S, T, Sched> : MixedGemm<W, A, SC, S, T, Sched> {};
+
+}  // namespace
+
 #define HT_CAT2(a, b) a##b
 #define HT_CAT(a, b) HT_CAT2(a, b)
-#define HT_GEMM_FN HT_CAT(ht_sm90_mixed_gemm_, HT_SM90_FMT)
-#define HT_WS_FN HT_CAT(ht_sm90_mixed_workspace_, HT_SM90_FMT)
+#ifdef HT_SM90_VARIANT  // one kernel per unit: the exported names carry the variant too
+#define HT_SUFFIX HT_CAT(HT_CAT(HT_SM90_FMT, _v), HT_SM90_VARIANT)
+#else
+#define HT_SUFFIX HT_SM90_FMT
+#endif
+#define HT_GEMM_FN HT_CAT(ht_sm90_mixed_gemm_, HT_SUFFIX)
+#define HT_WS_FN HT_CAT(ht_sm90_mixed_workspace_, HT_SUFFIX)
 
 extern "C" {
 
 // 0: launched; -1 CUTLASS cannot implement the problem (alignment, group vs K tile), -2 workspace too small,
-// -3 initialize failed, -4 launch failed, -9 unknown variant.
+// -3 initialize failed, -4 launch failed, -9 unknown (or not compiled here) variant.
 int HT_GEMM_FN(int variant, const void* w, const void* scales, const void* zeros, const void* x, const void* bias,
                void* y, int n, int t, int k, int group, void* workspace, size_t workspace_bytes, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-#define HT_RUN_VARIANT(V, T, SCHED, W, A, SC, S)                                                              \
+#define HT_RUN_VARIANT(V, T, SCHED, F, W, A, SC, S)                                                            \
   if (variant == V)                                                                                            \
-    return MixedGemm<W, A, SC, S, T, SCHED>::run(w, scales, zeros, x, bias, y, n, t, k, group, workspace,      \
-                                                 workspace_bytes, s);
+    return Variant<HT_KEEP(F, V), W, A, SC, S, T, SCHED>::run(w, scales, zeros, x, bias, y, n, t, k, group,    \
+                                                              workspace, workspace_bytes, s);
 #define HT_RUN_FORMAT(F, W, A, SC, S) \
-  if (F == HT_SM90_FMT) { HT_SM90_VARIANTS(HT_RUN_VARIANT, W, A, SC, S) }
+  if (F == HT_SM90_FMT) { HT_SM90_VARIANTS(HT_RUN_VARIANT, F, W, A, SC, S) }
   HT_SM90_FORMATS(HT_RUN_FORMAT)
   return -9;
 }
 
 // Bytes of workspace a variant needs (stream-K's partial tiles); -1 cast to size_t for an unknown variant.
 size_t HT_WS_FN(int variant, int n, int t, int k, int group) {
-#define HT_WS_VARIANT(V, T, SCHED, W, A, SC, S) \
-  if (variant == V) return MixedGemm<W, A, SC, S, T, SCHED>::workspace(n, t, k, group);
+#define HT_WS_VARIANT(V, T, SCHED, F, W, A, SC, S) \
+  if (variant == V) return Variant<HT_KEEP(F, V), W, A, SC, S, T, SCHED>::workspace(n, t, k, group);
 #define HT_WS_FORMAT(F, W, A, SC, S) \
-  if (F == HT_SM90_FMT) { HT_SM90_VARIANTS(HT_WS_VARIANT, W, A, SC, S) }
+  if (F == HT_SM90_FMT) { HT_SM90_VARIANTS(HT_WS_VARIANT, F, W, A, SC, S) }
   HT_SM90_FORMATS(HT_WS_FORMAT)
   return size_t(-1);
 }
