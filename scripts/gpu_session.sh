@@ -77,7 +77,7 @@ for step in $STEPS; do
     cutlass)  # the sm_90a CUTLASS GEMMs: carried build or built here; GPU tests; variant sweep; memcheck on tails
       stamp cutlass
       python3 -c "from cutlass_ext import mixed_gemm as m; import sys; w = m.available(); print(w or 'sm_90a GEMMs load'); sys.exit(1 if w else 0)" \
-        > "$OUT/cutlass.txt" 2>&1 || timeout -k 5 ${CUTLASS_BUILD_S:-420} python3 -m cutlass_ext.build --arch 80,90,90a \
+        > "$OUT/cutlass.txt" 2>&1 || timeout -k 5 ${CUTLASS_BUILD_S:-420} python3 -m cutlass_ext.build --arch 80,90,90a --split-variants \
         --jobs 16 >> "$OUT/cutlass.txt" 2>&1
       gpu_tests ${CUTLASS_S:-200} cutlass tests/test_cutlass_sm90.py
       timeout -k 5 ${CUTLASS_SWEEP_S:-200} python3 scripts/native_probe.py --family cutlass_mixed --sweep \
