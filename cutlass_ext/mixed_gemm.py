@@ -167,6 +167,18 @@ def available(fmt: int | None = None) -> str | None:
             f" (build with --arch 80,90,90a)")
 
 
+def built_variants(fmt: int) -> list[int]:
+    """The variants of ``fmt`` the loaded library holds (all of them for a per-format unit; a partial
+    ``--split-variants`` build may hold fewer); [] without the library."""
+    from .native import unavailable
+    if unavailable():
+        return []
+    lib = _lib()
+    if hasattr(lib, f"ht_sm90_mixed_gemm_{fmt}"):
+        return sorted(VARIANTS)
+    return [v for v in sorted(VARIANTS) if hasattr(lib, f"ht_sm90_mixed_gemm_{fmt}_v{v}")]
+
+
 _WORKSPACES: dict = {}
 
 

@@ -118,6 +118,7 @@ def test_variants_respect_the_group():
 def test_family_and_backend_are_opt_in(monkeypatch):
     from humming_triton import backends
     monkeypatch.setattr(mg, "available", lambda fmt=None: None)  # as if the sm_90a build were loaded
+    monkeypatch.setattr(mg, "built_variants", lambda fmt: sorted(mg.VARIANTS))
     from humming_triton.capability import facts_for_sm
     from humming_triton.kernels import families
     from humming_triton.kernels.families.cutlass_mixed import variant_of
@@ -172,6 +173,15 @@ def test_missing_library_or_symbols_say_how_to_build(monkeypatch, tmp_path):
         assert "cutlass_ext.build" in backends.get("cutlass").reason(call)
     finally:
         native._load.cache_clear()
+
+
+def test_a_partial_build_offers_only_its_variants(monkeypatch):
+    from humming_triton.kernels import families
+    from humming_triton.kernels.families.cutlass_mixed import variant_of
+    monkeypatch.setattr(mg, "available", lambda fmt=None: None)
+    monkeypatch.setattr(mg, "built_variants", lambda fmt: [0, 3])
+    call = Call("quant_linear", ht.QuantScheme.parse("w4a16"), torch.bfloat16, 256, 4096, 4096)
+    assert {variant_of(c) for c in families.get("cutlass_mixed").candidates(call)} == {0, 3}
 
 
 def test_build_compiles_one_unit_per_format():

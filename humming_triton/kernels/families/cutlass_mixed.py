@@ -58,10 +58,14 @@ class CutlassMixed(Family):
 
     def candidates(self, call: Call) -> list[KernelConfig]:
         from cutlass_ext.mixed_gemm import VARIANTS, variant_reason
+        from cutlass_ext.mixed_gemm import built_variants, format_of
         group = 0 if call.scheme.scale.block_k == 0 else call.scheme.group_k(call.k)
+        built = set(VARIANTS)
+        if call.device_type == "cuda":  # only what the loaded library holds (a partial build may hold fewer)
+            built = set(built_variants(format_of(call.scheme, call.dtype)[0]))
         out = []
         for v, (bm, bk, streamk) in VARIANTS.items():
-            if variant_reason(v, group) is None and (bm <= 2 * max(call.m, 16) or bm == 16):
+            if v in built and variant_reason(v, group) is None and (bm <= 2 * max(call.m, 16) or bm == 16):
                 out.append(KernelConfig(self.name, bm, 128, bk, 0 if streamk else 1, 1, 12, 0))
         return out
 
