@@ -6,10 +6,14 @@ kernels): one cubin per numeric architecture named, plus PTX of the newest so th
 per format (``-DHT_SM90_FMT``), compiled in parallel; ``100a`` adds ``csrc_sm100/*.cu``: the CUTLASS tcgen05
 block-scaled GEMMs for sm_100a.  Both build against the nvidia-cutlass package's headers (``pip install
 nvidia-cutlass``; minutes of compile time).  ``--jobs`` compiles that many translation units at once.
+
+Object files are cached in ``_build/obj/`` under a hash of the command line and the sources (and the CUTLASS
+headers' version), so a rebuild compiles only what changed -- or what a partial build left out.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import subprocess
@@ -98,6 +102,28 @@ def _compile_all(commands: list[list[str]], jobs: int, quiet: bool) -> None:
                 print(f"  [{done}/{len(commands)}] {Path(obj).name}", flush=True)
 
 
+def _cutlass_version() -> str:
+    try:
+        import cutlass_library
+        return str(getattr(cutlass_library, "__version__", "")) + str(Path(cutlass_library.__file__).parent)
+    except ImportError:
+        return ""
+
+
+def cached_object(cmd: list[str], cache: Path) -> Path:
+    """Where the object of a compile command lives in the cache: named by a hash of the command (output path
+    and nvcc location left out), the contents of every file in its sources' folders and the CUTLASS headers."""
+    o = cmd.index("-o")
+    args = cmd[1:o] + cmd[o + 2:]
+    h = hashlib.sha1("\0".join(args).encode())
+    for folder in sorted({Path(a).parent for a in args if a.endswith(".cu")}):
+        for f in sorted(folder.iterdir()):
+            if f.is_file():
+                h.update(f.name.encode() + f.read_bytes())
+    h.update(_cutlass_version().encode())
+    return cache / f"{Path(cmd[o + 1]).stem}.{h.hexdigest()[:16]}.o"
+
+
 def build(archs: list[str], out: Path | None = None, quiet: bool = False, jobs: int | None = None,
           sm90_formats_only: list[int] | None = None, split_variants: bool = False) -> Path:
     nvcc = shutil.which("nvcc")
@@ -123,10 +149,16 @@ def build(archs: list[str], out: Path | None = None, quiet: bool = False, jobs: 
         for src in SM100_SOURCES:
             objs.append(out.with_suffix(f".{src.stem}.o"))
             commands.append(sm100_command(src, objs[-1], nvcc))
-    _compile_all(commands, jobs or os.cpu_count() or 1, quiet)
-    subprocess.run([nvcc, "-shared", "-cudart", "static", "-o", str(out), *map(str, objs)], check=True)
-    for o in objs:
-        o.unlink()
+    cache = out.parent / "obj"
+    cache.mkdir(exist_ok=True)
+    cached = [cached_object(c, cache) for c in commands]
+    for c, obj in zip(commands, cached):
+        c[c.index("-o") + 1] = str(obj)
+    todo = [c for c, obj in zip(commands, cached) if not obj.exists()]
+    if not quiet and len(todo) < len(commands):
+        print(f"{len(commands) - len(todo)} of {len(commands)} objects are cached in {cache}", flush=True)
+    _compile_all(todo, jobs or os.cpu_count() or 1, quiet)
+    subprocess.run([nvcc, "-shared", "-cudart", "static", "-o", str(out), *map(str, cached)], check=True)
     if not quiet:
         print(f"built {out} for sm_{', sm_'.join(archs)} in {time.perf_counter() - t0:.0f} s")
     return out
