@@ -184,6 +184,23 @@ def test_a_partial_build_offers_only_its_variants(monkeypatch):
     assert {variant_of(c) for c in families.get("cutlass_mixed").candidates(call)} == {0, 3}
 
 
+def test_object_cache_key(tmp_path):
+    """A cached object is found again for the same compile (wherever its output was meant to go), and a
+    different define or a changed source makes a new one."""
+    from cutlass_ext.build import SM90_SOURCE, cached_object, cutlass_command
+    one = cutlass_command(SM90_SOURCE, Path("/a/x.o"), "90a", "nvcc", ("HT_SM90_FMT=0",))
+    same = cutlass_command(SM90_SOURCE, Path("/b/x.o"), "90a", "/usr/bin/nvcc", ("HT_SM90_FMT=0",))
+    other = cutlass_command(SM90_SOURCE, Path("/a/x.o"), "90a", "nvcc", ("HT_SM90_FMT=1",))
+    assert cached_object(one, tmp_path) == cached_object(same, tmp_path) != cached_object(other, tmp_path)
+    src = tmp_path / "src" / "k.cu"
+    src.parent.mkdir()
+    src.write_text("// v1")
+    cmd = ["nvcc", "-c", str(src), "-o", "/a/k.o"]
+    before = cached_object(cmd, tmp_path)
+    src.write_text("// v2")
+    assert cached_object(cmd, tmp_path) != before
+
+
 def test_build_compiles_one_unit_per_format():
     from cutlass_ext.build import cutlass_command, sm90_formats, SM90_SOURCE
     assert sm90_formats() == sorted(mg.FORMATS)
