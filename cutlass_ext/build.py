@@ -33,6 +33,18 @@ SM100 = "100a"
 CUTLASS_ARCHS = (SM90A, SM100)
 
 
+def cuobjdump() -> str | None:
+    """Triton's bundled cuobjdump, else the CUDA toolkit's (None: neither), to read compiled SASS."""
+    try:
+        import triton
+        path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        if path.exists():
+            return str(path)
+    except ImportError:
+        pass
+    return shutil.which("cuobjdump")
+
+
 def cutlass_includes() -> list[Path]:
     """The CUTLASS / CuTe header folders of the installed nvidia-cutlass package."""
     try:

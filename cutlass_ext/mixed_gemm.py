@@ -9,6 +9,7 @@ the register-sourced WGMMA operand, converted in registers; the tokens are the M
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -137,7 +138,13 @@ def _symbols(fmt: int, what: str, variant: int) -> tuple[str, str]:
 
 
 def _fn(fmt: int, what: str, variant: int):
-    lib = _lib()
+    """The C function of a (format, variant) in the loaded library, its ctypes signature set once per library
+    (not on every call)."""
+    return _bound(_lib(), fmt, what, variant)
+
+
+@functools.lru_cache(maxsize=None)
+def _bound(lib, fmt: int, what: str, variant: int):
     names = _symbols(fmt, what, variant)
     fn = next((getattr(lib, n) for n in names if hasattr(lib, n)), None)
     if fn is None:

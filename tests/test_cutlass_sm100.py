@@ -6,15 +6,13 @@ import re
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 
 def _cuobjdump() -> str | None:
-    import triton
-    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return str(path) if path.exists() else shutil.which("cuobjdump")
+    from cutlass_ext.build import cuobjdump
+    return cuobjdump()
 
 
 def test_sm100_blockscaled_gemms_compile_to_block_scaled_mma(tmp_path):

@@ -214,9 +214,8 @@ COMPILE_CHECK = {0: "int4 group", 2: "uint4 + zero", 4: "int8 channel", 6: "e4m3
 
 
 def _cuobjdump():
-    import triton
-    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return str(path) if path.exists() else shutil.which("cuobjdump")
+    from cutlass_ext.build import cuobjdump
+    return cuobjdump()
 
 
 def test_sm90a_kernels_compile_to_wgmma(tmp_path):
