@@ -25,6 +25,21 @@ def packed_view(qw, dtype):
     return state[key]
 
 
+def _cast_bias(qw, bias, dtype):
+    """``bias`` in ``dtype``, cached on the weight (keyed by the bias's storage and version counter, so an
+    in-place edit or another bias makes a new copy)."""
+    state = qw.cache.setdefault("cutlass", {})
+    try:
+        version = bias._version
+    except RuntimeError:  # inference tensors: no version counter
+        version = -1
+    key = (bias.data_ptr(), version, dtype)
+    hit = state.get("bias")
+    if hit is None or hit[0] != key:
+        hit = state["bias"] = (key, bias.to(dtype).contiguous())
+    return hit[1]
+
+
 def variant_of(cfg: KernelConfig) -> int:
     from cutlass_ext.mixed_gemm import VARIANTS
     want = (cfg.block_m, cfg.block_k, cfg.split_k == 0)
@@ -77,8 +92,8 @@ class CutlassMixed(Family):
             return y
         x2 = x2 if x2.is_contiguous() else x2.contiguous()
         b = None
-        if bias is not None:  # the epilogue adds a bias of the activation type
-            b = bias if bias.dtype == x2.dtype and bias.is_contiguous() else bias.to(x2.dtype).contiguous()
+        if bias is not None:  # the epilogue adds a bias of the activation type: cast once per bias, not per call
+            b = bias if bias.dtype == x2.dtype and bias.is_contiguous() else _cast_bias(qw, bias, x2.dtype)
         target = y if y.dtype == x2.dtype and y.is_contiguous() else torch.empty(m, n, dtype=x2.dtype,
                                                                                  device=x2.device)
         run(x2, packed_view(qw, x2.dtype), b, target, variant_of(cfg))
