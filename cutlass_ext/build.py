@@ -115,19 +115,30 @@ def _compile_all(commands: list[list[str]], jobs: int, quiet: bool) -> None:
 
 
 def _cutlass_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
     try:
-        import cutlass_library
-        return str(getattr(cutlass_library, "__version__", "")) + str(Path(cutlass_library.__file__).parent)
-    except ImportError:
+        return version("nvidia-cutlass")
+    except PackageNotFoundError:
         return ""
 
 
+def _portable(arg: str) -> str:
+    """A compile argument with its machine's folders left out: the cache key must match on another machine
+    (the device gets this machine's objects), where the repository and the CUTLASS package live elsewhere."""
+    if arg.startswith("-I"):
+        return "-I" + "/".join(Path(arg[2:]).parts[-3:])
+    if arg.endswith((".cu", ".cuh", ".h")):
+        return "/".join(Path(arg).parts[-2:])
+    return arg
+
+
 def cached_object(cmd: list[str], cache: Path) -> Path:
-    """Where the object of a compile command lives in the cache: named by a hash of the command (output path
-    and nvcc location left out), the contents of every file in its sources' folders and the CUTLASS headers."""
+    """Where the object of a compile command lives in the cache: named by a hash of the command (output path,
+    nvcc and the machine's folders left out), the contents of every file in its sources' folders and the
+    CUTLASS version."""
     o = cmd.index("-o")
     args = cmd[1:o] + cmd[o + 2:]
-    h = hashlib.sha1("\0".join(args).encode())
+    h = hashlib.sha1("\0".join(map(_portable, args)).encode())
     for folder in sorted({Path(a).parent for a in args if a.endswith(".cu")}):
         for f in sorted(folder.iterdir()):
             if f.is_file():

@@ -82,13 +82,20 @@ def sweep(ms, out_path, family: str = "mma_decode") -> None:
             ref = ht.reference_linear(x, qw, out_dtype=torch.float32)
             call = Call("quant_linear", qw.scheme, x.dtype, m, n, k)
             out = torch.empty(m, n, dtype=x.dtype, device="cuda")
-            timed = []
+            timed, failed = [], []
             for cfg in fam.candidates(call):
                 fn = lambda cfg=cfg: fam.run(x, x, qw, None, x.dtype, cfg, out)  # noqa: E731
-                y = fn()
+                try:  # a config the library refuses is recorded, not fatal (a sticky CUDA error still is)
+                    y = fn()
+                except (RuntimeError, ValueError) as e:
+                    failed.append([cfg.describe(), str(e).splitlines()[0][:200]])
+                    continue
                 err = float((y.float() - ref).norm() / ref.norm())
                 us = time_gpu(fn, budget_s=0.03, min_reps=20)["us"]
                 timed.append((us, cfg.describe(), err))
+            if not timed:
+                print(f"{scheme} {n}x{k} M={m}: no config ran: {failed}", flush=True)
+                continue
             auto = lambda: ht.quant_linear(x, qw)  # noqa: E731
             auto()
             auto_us = time_gpu(auto, budget_s=0.05)["us"]
@@ -96,7 +103,7 @@ def sweep(ms, out_path, family: str = "mma_decode") -> None:
             best = timed[0]
             row = {"scheme": scheme, "n": n, "k": k, "m": m, "best_us": best[0], "best": best[1], "rel_err": best[2],
                    "auto_us": auto_us, "auto": last_plan(), "floor_us": f_us, "weight_bytes": wbytes,
-                   "all": [[round(u, 2), d, e] for u, d, e in timed]}
+                   "all": [[round(u, 2), d, e] for u, d, e in timed], "failed": failed}
             rows.append(row)
             print(f"{scheme:11s} {n:5d}x{k:<5d} M={m:4d}  {family} {best[0]:7.1f} us ({best[1]}, err {best[2]:.1e})  "
                   f"table's auto {auto_us:6.1f} us ({row['auto']})  floor {f_us:6.1f} us  "

@@ -201,6 +201,19 @@ def test_object_cache_key(tmp_path):
     assert cached_object(cmd, tmp_path) != before
 
 
+def test_object_cache_key_is_portable(tmp_path):
+    """The device reuses this machine's objects: a checkout and a CUTLASS package in other folders (same
+    sources, same version) give the same key."""
+    from cutlass_ext.build import cached_object
+    for root in ("here", "there"):
+        (tmp_path / root / "csrc").mkdir(parents=True)
+        (tmp_path / root / "csrc" / "k.cu").write_text("// same")
+    keys = {cached_object(["nvcc", f"-I/{site}/cutlass_library/source/include", "-DX=1", "-c",
+                           str(tmp_path / root / "csrc" / "k.cu"), "-o", "/o/k.o"], tmp_path).name
+            for root, site in (("here", "usr/lib/python3/site-packages"), ("there", "tmp/site"))}
+    assert len(keys) == 1
+
+
 def test_build_compiles_one_unit_per_format():
     from cutlass_ext.build import cutlass_command, sm90_formats, SM90_SOURCE
     assert sm90_formats() == sorted(mg.FORMATS)
