@@ -12,7 +12,7 @@ import torch
 
 import humming_triton as ht
 from humming_triton import backends
-from humming_triton.kernels.dense import call_of
+from humming_triton.dispatch import call_for
 
 pytestmark = pytest.mark.gpu
 
@@ -47,7 +47,7 @@ def test_quant_linear_paths_do_not_sync(scheme, m, rng):
     qw = ht.quantize_weight(torch.randn(512, 1024, generator=rng) * 0.05, scheme,
                             bias=torch.randn(512, generator=rng)).to("cuda")
     x = torch.randn(m, 1024, generator=rng).to(torch.bfloat16).cuda()
-    call = call_of(x, qw)
+    call = call_for("quant_linear", x, qw)  # with the device's facts: only paths this GPU can run
     ran = []
     for name, b in backends.registered().items():
         if name == "reference" or b.reason(call) is not None:
