@@ -115,6 +115,23 @@ def test_variants_respect_the_group():
     assert "unknown variant" in mg.variant_reason(99, 128)
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_accepted_call_has_candidates(scheme):
+    """Where the family takes a call it offers a config for it, at every M (g64 fits only the 64-wide K tiles,
+    which only the larger token tiles have: a one-token call still gets one of those)."""
+    from humming_triton.kernels import families
+    from humming_triton.kernels.families.cutlass_mixed import variant_of
+    fam = families.get("cutlass_mixed")
+    for m in (1, 7, 16, 64, 300, 5000):
+        call = Call("quant_linear", ht.QuantScheme.parse(scheme), torch.bfloat16, m, 200, 1024, device_type="cpu")
+        assert fam.reason(call) is None
+        cands = fam.candidates(call)
+        assert cands, (scheme, m)
+        s = ht.QuantScheme.parse(scheme)
+        group = s.group_k(1024) if s.scale.block_k else 0
+        assert all(mg.variant_reason(variant_of(c), group) is None for c in cands), (scheme, m)
+
+
 def test_family_and_backend_are_opt_in(monkeypatch):
     from humming_triton import backends
     monkeypatch.setattr(mg, "available", lambda fmt=None: None)  # as if the sm_90a build were loaded

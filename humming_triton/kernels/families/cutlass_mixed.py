@@ -78,11 +78,14 @@ class CutlassMixed(Family):
         built = set(VARIANTS)
         if call.device_type == "cuda":  # only what the loaded library holds (a partial build may hold fewer)
             built = set(built_variants(format_of(call.scheme, call.dtype)[0]))
-        out = []
-        for v, (bm, bk, streamk) in VARIANTS.items():
-            if v in built and variant_reason(v, group) is None and (bm <= 2 * max(call.m, 16) or bm == 16):
-                out.append(KernelConfig(self.name, bm, 128, bk, 0 if streamk else 1, 1, 12, 0))
-        return out
+        fits = [(v, spec) for v, spec in VARIANTS.items() if v in built and variant_reason(v, group) is None]
+        # token tiles up to twice M (and 16); when none of those fits the group (g64 needs a K tile of 64, which
+        # only the larger tiles have), the smallest tile that does
+        small = [(v, spec) for v, spec in fits if spec[0] <= 2 * max(call.m, 16)]
+        if not small and fits:
+            least = min(spec[0] for _, spec in fits)
+            small = [(v, spec) for v, spec in fits if spec[0] == least]
+        return [KernelConfig(self.name, bm, 128, bk, 0 if streamk else 1, 1, 12, 0) for _, (bm, bk, streamk) in small]
 
     def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
         from cutlass_ext.mixed_gemm import run
