@@ -21,30 +21,35 @@ from humming_triton.kernels import families  # noqa: E402
 
 SHAPES = [("w4a16", 8192, 8192), ("w4a16", 4096, 14336), ("w4a16", 14336, 4096), ("w4a16", 28672, 4096),
           ("w8a16", 8192, 8192), ("w4a16-asym", 8192, 8192), ("mxfp4", 8192, 8192), ("nvfp4", 8192, 8192)]
+# (scheme, N, K[, activation dtype]): the last two rows are diagnostics of the int4 group-scale path -- fp16
+# activations (fp16 scales multiply in fp16) and int4 with channel scales (exact convert, no scale in the mainloop)
 CUTLASS_SHAPES = [("w4a16", 8192, 8192), ("w4a16", 4096, 14336), ("w8a16", 8192, 8192), ("w4a16-asym", 8192, 8192),
-                  ("w8a16-fp8", 8192, 8192)]
+                  ("w8a16-fp8", 8192, 8192), ("w4a16", 8192, 8192, torch.float16),
+                  ("weight=int4,scale=fp16:channel", 8192, 8192)]
 FAMILY_SHAPES = {"mma_decode": SHAPES, "cutlass_mixed": CUTLASS_SHAPES}
 
 
-def _case(scheme, n, k, m):
+def _case(scheme, n, k, m, dtype=torch.bfloat16):
     g = torch.Generator(device="cuda").manual_seed(0)
     qw = ht.quantize_weight(torch.randn(n, k, device="cuda", generator=g) * 0.02, scheme)
-    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", generator=g).to(dtype)
     return qw, x
 
 
 ODD = {"mma_decode": [("w8a16", 37, 208, 1), ("nvfp4", 24, 208, 9), ("w4a16-asym", 100, 1280, 9),
                       ("mxfp4", 40, 224, 16), ("w4a16", 8200, 4224, 3)],
        "cutlass_mixed": [("w4a16", 200, 1024, 7), ("w4a16-asym", 72, 384, 33), ("w8a16", 8200, 4224, 300),
-                         ("w8a16-fp8", 136, 256, 17), ("weight=int4,scale=fp16:channel", 8, 256, 1)]}
+                         ("w8a16-fp8", 136, 256, 17), ("weight=int4,scale=fp16:channel", 8, 256, 1),
+                         ("w4a16", 200, 1024, 7, torch.float16), ("w8a16-fp8", 136, 256, 17, torch.float16),
+                         ("weight=int4,scale=fp16:channel", 72, 384, 33, torch.float16)]}
 
 
 def odd_shapes(family: str = "mma_decode") -> None:
     """Tails under compute-sanitizer: partial weight and token tiles, K not a multiple of the K tile, every code
     kind of the family, every config, checked against the reference."""
     fam = families.get(family)
-    for scheme, n, k, m in ODD[family]:
-        qw, x = _case(scheme, n, k, m)
+    for scheme, n, k, m, *dtype in ODD[family]:
+        qw, x = _case(scheme, n, k, m, *dtype)
         ref = ht.reference_linear(x, qw, out_dtype=torch.float32)
         call = Call("quant_linear", qw.scheme, x.dtype, m, n, k)
         for cfg in fam.candidates(call):
@@ -73,8 +78,8 @@ def sweep(ms, out_path, family: str = "mma_decode") -> None:
     fam = families.get(family)
     floor = StreamFloor()
     rows = []
-    for scheme, n, k in FAMILY_SHAPES[family]:
-        qw, x1 = _case(scheme, n, k, max(ms))
+    for scheme, n, k, *dtype in FAMILY_SHAPES[family]:
+        qw, x1 = _case(scheme, n, k, max(ms), *dtype)
         wbytes = qw.nbytes()
         f_us = floor.us(wbytes)
         for m in ms:
@@ -101,11 +106,11 @@ def sweep(ms, out_path, family: str = "mma_decode") -> None:
             auto_us = time_gpu(auto, budget_s=0.05)["us"]
             timed.sort()
             best = timed[0]
-            row = {"scheme": scheme, "n": n, "k": k, "m": m, "best_us": best[0], "best": best[1], "rel_err": best[2],
+            row = {"scheme": scheme, "dtype": str(x.dtype), "n": n, "k": k, "m": m, "best_us": best[0], "best": best[1], "rel_err": best[2],
                    "auto_us": auto_us, "auto": last_plan(), "floor_us": f_us, "weight_bytes": wbytes,
                    "all": [[round(u, 2), d, e] for u, d, e in timed], "failed": failed}
             rows.append(row)
-            print(f"{scheme:11s} {n:5d}x{k:<5d} M={m:4d}  {family} {best[0]:7.1f} us ({best[1]}, err {best[2]:.1e})  "
+            print(f"{scheme:11s} {str(x.dtype)[6:]:8s} {n:5d}x{k:<5d} M={m:4d}  {family} {best[0]:7.1f} us ({best[1]}, err {best[2]:.1e})  "
                   f"table's auto {auto_us:6.1f} us ({row['auto']})  floor {f_us:6.1f} us  "
                   f"-> {f_us / best[0] * 100:4.0f}% of floor, {wbytes / best[0] / 1e3:5.0f} GB/s", flush=True)
         del qw, x1
