@@ -18,6 +18,8 @@
 #           the tail shapes                                                           -> cutlass*.txt, cutlass_sweep.json
 #   syncfree every registered path (backend x family) and the MoE ops under set_sync_debug_mode("error") -> gpu_tests.txt
 #   sanitize compute-sanitizer ($SANITIZE_TOOLS, default memcheck) over the native kernel's tail shapes     -> sanitize.txt
+#   families compute-sanitizer memcheck over every registered path (scripts/sanitize_probe.py), racecheck over the
+#           split-K and grouped ones                                   -> sanitize_families.txt, racecheck_families.txt
 #   tp      2+ GPUs: scripts/tp_check.py (TP MLP pair + EP grouped GEMM vs one GPU, timed)      -> tp.json
 #   new     GPU tests of this session's new paths (swap-AB family, torch-composed families, dispatch)
 #   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
@@ -95,6 +97,15 @@ for step in $STEPS; do
         timeout -k 5 ${SANITIZE_S:-100} compute-sanitizer --tool $tool --kernel-name kns=decode_mma \
           python3 scripts/native_probe.py --odd >> "$OUT/sanitize.txt" 2>&1; echo "($tool exit $?)" >> "$OUT/sanitize.txt"
       done ;;
+    families)  # compute-sanitizer over one launch of every registered path (backend x family) on odd shapes,
+               # memcheck over all of them, racecheck over the split-K and grouped ones (issue 15)
+      stamp families
+      timeout -k 5 ${FAMILIES_MEMCHECK_S:-150} compute-sanitizer --tool memcheck \
+        python3 scripts/sanitize_probe.py > "$OUT/sanitize_families.txt" 2>&1
+      echo "(memcheck exit $?)" >> "$OUT/sanitize_families.txt"
+      timeout -k 5 ${FAMILIES_RACECHECK_S:-150} compute-sanitizer --tool racecheck \
+        python3 scripts/sanitize_probe.py --split-k-and-grouped > "$OUT/racecheck_families.txt" 2>&1
+      echo "(racecheck exit $?)" >> "$OUT/racecheck_families.txt" ;;
     tp)      # needs a machine of 2+ GPUs (nvidia-h200-x2): column / row parallel MLP and expert-parallel MoE
       stamp tp
       NCCL_NVLS_ENABLE=0 timeout -k 5 ${TP_S:-200} torchrun --nproc-per-node ${TP_GPUS:-2} scripts/tp_check.py \
