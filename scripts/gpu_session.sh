@@ -81,7 +81,7 @@ for step in $STEPS; do
       stamp cutlass
       # the carried objects (cutlass_ext/_build/obj) are reused: only missing or changed kernels compile here
       timeout -k 5 ${CUTLASS_BUILD_S:-420} python3 -m cutlass_ext.build --arch 80,90,90a --split-variants \
-        --sm90-formats ${CUTLASS_FORMATS:-0,1,2,3,4,5,6} --jobs 16 > "$OUT/cutlass.txt" 2>&1
+        --sm90-formats ${CUTLASS_FORMATS:-0,1,2,3,4,5,6,7,8,9} --jobs 16 > "$OUT/cutlass.txt" 2>&1
       python3 -c "from cutlass_ext import mixed_gemm as m; print(m.available() or {f: m.built_variants(f) for f in m.FORMATS})" \
         >> "$OUT/cutlass.txt" 2>&1
       gpu_tests ${CUTLASS_S:-200} cutlass tests/test_cutlass_sm90.py
