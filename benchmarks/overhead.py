@@ -3,7 +3,8 @@
 Decode steps are short (tens of µs of GPU work per layer), so the CPU time to get a kernel launched decides
 eager and torch.compile speed unless the step is replayed as a CUDA graph.  For one W4A16 4096x4096 layer at
 M = 1 this prints the CPU µs per call (no sync inside the timed loop) of: the raw Triton launcher, ``ht.quant_linear``,
-the ``QuantLinear`` module (torch.library op), both again with the compiled-kernel replay
+the ``QuantLinear`` module in eager inference (the op's body run directly) and through ``torch.ops`` (the
+custom-op layer compile and autograd use), again with the compiled-kernel replay
 (``HUMMING_TRITON_LAUNCH_REPLAY=1``), and the module under ``torch.compile(fullgraph=True)``; the GPU µs of
 one call (CUDA-graph replay); whether the compiled path rebuilt QuantWeights or recompiled; and the top host
 ops of a profiled compiled call.
@@ -54,7 +55,10 @@ def main() -> int:
         rows["bf16 F.linear (cuBLAS)"] = _cpu_us(lambda: torch.nn.functional.linear(x, lin.weight))
         rows["triton_linear (launcher)"] = _cpu_us(lambda: triton_linear(x, qw))
         rows["ht.quant_linear"] = _cpu_us(lambda: ht.quant_linear(x, qw))
-        rows["QuantLinear (op)"] = _cpu_us(lambda: mod(x))
+        rows["QuantLinear (eager)"] = _cpu_us(lambda: mod(x))  # inference: the op's body, run directly
+        args = mod._weight_args("weight", None)
+        rows["QuantLinear via torch.ops"] = _cpu_us(
+            lambda: torch.ops.humming_triton.quant_linear(x, *args, mod.bias, mod.backend, None))
         # the same, with Triton's compiled kernel replayed directly (HUMMING_TRITON_LAUNCH_REPLAY=1; fresh plans)
         os.environ["HUMMING_TRITON_LAUNCH_REPLAY"] = "1"
         try:
@@ -62,7 +66,7 @@ def main() -> int:
             for w in cached:
                 w.cache.get("triton", {}).pop("launches", None)
             rows["triton_linear (replay)"] = _cpu_us(lambda: triton_linear(x, qw))
-            rows["QuantLinear (op, replay)"] = _cpu_us(lambda: mod(x))
+            rows["QuantLinear (eager, replay)"] = _cpu_us(lambda: mod(x))
         finally:
             os.environ.pop("HUMMING_TRITON_LAUNCH_REPLAY")
             for w in cached:

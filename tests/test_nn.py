@@ -195,6 +195,34 @@ def test_quant_linear_module(rng):
     assert set(mod.state_dict()) == {"weight_packed", "weight_scale", "weight_global_scale", "bias", "_extra_state"}
 
 
+def test_quant_linear_eager_inference_skips_the_op_layer(rng, monkeypatch):
+    """Eager inference runs the op's body directly (same result, bit for bit); a gradient through x, a fake
+    tensor or torch.compile go through torch.ops (autograd formula, fake kernel)."""
+    import humming_triton.nn.linear as nn_linear
+    mod = QuantLinear.from_linear(torch.nn.Linear(128, 40), "w4a16", backend="reference")
+    x = torch.randn(3, 128, generator=rng)
+    via_op = torch.ops.humming_triton.quant_linear(x, *mod._weight_args("weight", None), mod.bias, "reference", None)
+    direct = []
+    real = nn_linear.quant_linear
+    monkeypatch.setattr(nn_linear, "quant_linear", lambda *a, **k: direct.append(1) or real(*a, **k))
+    with torch.no_grad():
+        y = mod(x)
+    assert direct and torch.equal(y, via_op)
+    direct.clear()
+    xg = x.clone().requires_grad_()
+    y = mod(xg)
+    assert not direct and y.grad_fn is not None  # the op's registered backward
+    y.sum().backward()
+    assert xg.grad is not None and xg.grad.shape == xg.shape
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as fm:
+        fake = fm.from_tensor(x)
+        mod_args = [fm.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in mod._weight_args("weight", None)]
+        out = torch.ops.humming_triton.quant_linear(fake, *mod_args, None, "reference", None)
+    assert out.shape == (3, 40)
+    assert not nn_linear.eager_direct(fake)
+
+
 def test_quant_moe_expert_parallel_mask(rng):
     """HF marks routing slots of experts on another rank with index == num_experts: they contribute nothing."""
     e, h, i = 4, 128, 128

@@ -8,6 +8,8 @@ from ..dispatch import check_backend_name
 from ..formats.quantize import quantize_weight
 from ..formats.scheme import QuantScheme
 from ..formats.weight import QuantWeight
+from ..linear import quant_linear
+from ..ops import eager_direct, quant_weight_from_args
 from ._buffers import QuantBuffersMixin
 
 __all__ = ["QuantLinear"]
@@ -57,8 +59,10 @@ class QuantLinear(QuantBuffersMixin, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the bias goes in the op's override slot, so the QuantWeight rebuilt inside stays bias-free and cached
-        return torch.ops.humming_triton.quant_linear(x, *self._weight_args("weight", None), self.bias,
-                                                     self.backend, None)
+        args = self._weight_args("weight", None)
+        if eager_direct(x):  # eager inference: the op's own body, without the dispatcher's custom-op layer
+            return quant_linear(x, quant_weight_from_args(*args), self.bias, self.backend, None)
+        return torch.ops.humming_triton.quant_linear(x, *args, self.bias, self.backend, None)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
