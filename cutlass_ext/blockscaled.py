@@ -154,7 +154,7 @@ def gemm(kind: str, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: to
     err = lib.ht_sm100_blockscaled_gemm(KINDS[kind], a.data_ptr(), sfa.data_ptr(), b.data_ptr(), sfb.data_ptr(),
                                         d.data_ptr(), _ptr(bias), _ptr(alpha_t), m, n, k,
                                         1.0 if alpha_t is not None else float(alpha), ws.data_ptr(), ws_bytes,
-                                        torch.cuda.current_stream(dev).cuda_stream)
+                                        native.current_stream(dev))
     if err:
         raise RuntimeError(f"the CUTLASS sm_100a GEMM refused the problem ({m}x{n}x{k}, {kind}): code {err}")
     return d

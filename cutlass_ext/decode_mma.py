@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .native import check, library
+from .native import check, current_stream, library
 
 __all__ = ["Packed", "weight_reason", "repack", "repack_experts", "run", "run_grouped", "emulate", "CHUNK", "MAX_M"]
 
@@ -249,7 +249,7 @@ def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None
         p.n, p.k, x2.stride(0), out.stride(0), p.group_chunks, p.groups, split(p, kw), out_scale * p.out_scale,
         None if offsets is None else offsets.data_ptr(), int(offsets is not None and offsets.dtype == torch.int64),
         max(1, p.experts), None if p.out_scales is None else p.out_scales.data_ptr(),
-        torch.cuda.current_stream(dev).cuda_stream)
+        current_stream(dev))
     check(err, "the native decode kernel")
     return out
 

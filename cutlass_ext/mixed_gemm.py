@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .native import library
+from .native import current_stream, library
 
 # id -> (weight type, activation dtype, scaling): the HT_SM90_FORMATS table of csrc_sm90/mixed_gemm.cu
 # (tests/test_cutlass_sm90.py checks the two agree).  "group": the mainloop multiplies by the group scale
@@ -218,7 +218,7 @@ def run(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None, out: torch.Tenso
     err = _fn(p.fmt, "gemm", variant)(variant, p.w.data_ptr(), p.scales.data_ptr(),
                              None if p.zeros is None else p.zeros.data_ptr(), x2.data_ptr(),
                              None if bias is None else bias.data_ptr(), out.data_ptr(), p.n, t, p.k,
-                             p.group or p.k, ws.data_ptr(), ws.numel(), torch.cuda.current_stream(x2.device).cuda_stream)
+                             p.group or p.k, ws.data_ptr(), ws.numel(), current_stream(x2.device))
     if err:
         what = {-1: "cannot implement the problem", -2: "workspace too small", -3: "initialize failed",
                 -4: "launch failed", -9: "unknown variant"}.get(err, f"code {err}")

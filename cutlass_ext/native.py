@@ -46,6 +46,16 @@ def library() -> ctypes.CDLL:
     return lib
 
 
+def current_stream(device) -> int:
+    """The raw handle of torch's current stream on ``device`` -- without building a ``torch.cuda.Stream`` object
+    per launch (Triton's launcher reads it the same way); torch builds without the private call use the public
+    one."""
+    import torch
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 def check(err: int, what: str) -> None:
     if err:
         raise RuntimeError(f"{what} failed: CUDA error {err} ({library().ht_error_string(err).decode()})")
