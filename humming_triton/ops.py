@@ -93,10 +93,10 @@ def quant_weight_from_args(data: _Tensor, scales: _Tensor, zeros: _OptT, global_
 
 def eager_direct(*xs: torch.Tensor) -> bool:
     """Whether a module may run an op's Python body directly instead of through ``torch.ops``: plain tensors
-    (no fake / functional / subclass tensor), not under torch.compile / export / FX tracing, and no gradient to
+    (no fake / functional / subclass tensor, no FX proxy), not under torch.compile / export, and no gradient to
     record.  The result is the same function of the same inputs; what is skipped is the dispatcher's custom-op
     layer (~30 µs of host time per call, measured on the H200's host), which only compile and autograd need."""
-    if torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_tracing():
+    if torch.compiler.is_compiling():  # FX symbolic tracing passes Proxies: the type check below sends them to the op
         return False
     grad = torch.is_grad_enabled()
     return all(type(x) is torch.Tensor and not (grad and x.requires_grad) for x in xs)
