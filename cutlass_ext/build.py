@@ -148,7 +148,8 @@ def cached_object(cmd: list[str], cache: Path) -> Path:
 
 
 def build(archs: list[str], out: Path | None = None, quiet: bool = False, jobs: int | None = None,
-          sm90_formats_only: list[int] | None = None, split_variants: bool = False) -> Path:
+          sm90_formats_only: list[int] | None = None, split_variants: bool = False,
+          sm90_variants_only: list[int] | None = None) -> Path:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise RuntimeError("nvcc is not on PATH: the native library needs the CUDA toolkit to build")
@@ -163,7 +164,7 @@ def build(archs: list[str], out: Path | None = None, quiet: bool = False, jobs: 
     if SM90A in archs:
         for fmt in sm90_formats_only or sm90_formats():
             # one unit per format, or (split_variants) per kernel: more parallelism for many-core machines
-            for v in (sm90_variants() if split_variants else [None]):
+            for v in ((sm90_variants_only or sm90_variants()) if split_variants else [None]):
                 tag = f"{fmt}" if v is None else f"{fmt}_v{v}"
                 objs.append(out.with_suffix(f".sm90_mixed_{tag}.o"))
                 defines = (f"HT_SM90_FMT={fmt}",) + (() if v is None else (f"HT_SM90_VARIANT={v}",))
@@ -196,10 +197,18 @@ def main(argv=None) -> int:
                     help="comma-separated csrc_sm90 format ids to build (default: all; the others are then absent)")
     ap.add_argument("--split-variants", action="store_true",
                     help="compile each sm_90a kernel in its own unit (for machines with many cores)")
+    ap.add_argument("--sm90-variants", default=None,
+                    help="with --split-variants: only these csrc_sm90 variant ids (an experiment's subset)")
     args = ap.parse_args(argv)
     only = [int(f) for f in args.sm90_formats.split(",")] if args.sm90_formats else None
+    variants = [int(v) for v in args.sm90_variants.split(",")] if args.sm90_variants else None
+    if variants and not args.split_variants:
+        ap.error("--sm90-variants needs --split-variants (one unit per kernel)")
+    unknown = sorted(set(variants or []) - set(sm90_variants()))
+    if unknown:
+        ap.error(f"unknown sm90 variants {unknown} (the source has {sm90_variants()})")
     build([a.strip() for a in args.arch.split(",") if a.strip()], args.out, jobs=args.jobs, sm90_formats_only=only,
-          split_variants=args.split_variants)
+          split_variants=args.split_variants, sm90_variants_only=variants)
     return 0
 
 

@@ -29,11 +29,11 @@ FORMATS = {
 # the group-scale type of each format: fp32 for bf16 activations (exact q * s + z', one rounding to bf16),
 # the activation's fp16 for fp16 (exact only for fp16 scheme scales without zero points)
 GROUP_SCALE_DTYPE = {0: torch.float32, 1: torch.float16, 2: torch.float32, 3: torch.float32}
-# variant -> (token tile, K tile, stream-K): HT_SM90_VARIANTS; every tile is 128 weight rows (two consumer
-# warpgroups of 64)
-VARIANTS = {0: (16, 128, False), 1: (32, 128, False), 2: (64, 128, False), 3: (128, 64, False),
-            4: (256, 64, False), 5: (16, 128, True), 6: (128, 64, True)}
-WEIGHT_TILE = 128
+# variant -> (token tile, K tile, stream-K, weight rows per tile): HT_SM90_VARIANTS.  128-row tiles are split by
+# two consumer warpgroups (cooperative), 64-row tiles go to one warpgroup at a time (pingpong)
+VARIANTS = {0: (16, 128, False, 128), 1: (32, 128, False, 128), 2: (64, 128, False, 128), 3: (128, 64, False, 128),
+            4: (256, 64, False, 128), 5: (16, 128, True, 128), 6: (128, 64, True, 128),
+            7: (16, 128, False, 64), 8: (32, 128, False, 64), 9: (64, 128, False, 64)}
 
 
 def format_of(scheme, dtype: torch.dtype) -> tuple[int | None, str | None]:

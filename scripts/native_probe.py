@@ -72,13 +72,15 @@ def profile() -> None:
         torch.cuda.synchronize()
 
 
-def sweep(ms, out_path, family: str = "mma_decode") -> None:
+def sweep(ms, out_path, family: str = "mma_decode", schemes: list[str] | None = None) -> None:
     from benchmarks.floor import StreamFloor
     from benchmarks.timing import time_gpu
     fam = families.get(family)
     floor = StreamFloor()
     rows = []
     for scheme, n, k, *dtype in FAMILY_SHAPES[family]:
+        if schemes and (scheme not in schemes or dtype):  # a subset: the bf16 rows of these schemes
+            continue
         qw, x1 = _case(scheme, n, k, max(ms), *dtype)
         wbytes = qw.nbytes()
         f_us = floor.us(wbytes)
@@ -126,12 +128,13 @@ def main() -> int:
     ap.add_argument("--family", default="mma_decode", choices=sorted(FAMILY_SHAPES))
     ap.add_argument("--m", default=None, help="token counts (default: 1,4,16 for mma_decode, 16..4096 for cutlass)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--schemes", default=None, help="comma list: sweep only these schemes' bf16 shapes")
     a = ap.parse_args()
     ms = a.m or ("1,4,16" if a.family == "mma_decode" else "16,64,256,1024,4096")
     if a.odd:
         odd_shapes(a.family)
     elif a.sweep:
-        sweep([int(v) for v in ms.split(",")], a.out, a.family)
+        sweep([int(v) for v in ms.split(",")], a.out, a.family, a.schemes.split(",") if a.schemes else None)
     else:
         profile()
     return 0

@@ -52,8 +52,11 @@ def test_format_table_matches_the_source():
     for i, _, _, sc, s in rows:
         if s != "Channel":
             assert mg.GROUP_SCALE_DTYPE[int(i)] == scale_types[sc], i
-    variants = re.findall(r"X\((\d+), Shape<_128 COMMA _(\d+) COMMA _(\d+)>, (\w+),", text)
-    assert {int(v): (int(t), int(k), sched == "StreamK") for v, t, k, sched in variants} == mg.VARIANTS
+    variants = re.findall(r"X\((\d+), Shape<_(\d+) COMMA _(\d+) COMMA _(\d+)>, (\w+),", text)
+    assert {int(v): (int(t), int(k), policy == "StreamK", int(rows))
+            for v, rows, t, k, policy in variants} == mg.VARIANTS
+    # cooperative policies split 128-row tiles over two warpgroups; pingpong runs 64-row ones
+    assert all((policy == "Pingpong") == (rows == "64") for _, rows, _, _, policy in variants)
 
 
 CPU_CASES = [(s, shape, dtype) for s in SCHEMES for shape in SHAPES for dtype in (torch.bfloat16, torch.float16)

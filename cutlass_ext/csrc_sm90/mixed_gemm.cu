@@ -3,7 +3,7 @@
 // computed as the swapped product D[N, T] = W[N, K] @ x[T, K]^T with D column-major, which *is* y row-major: the
 // quantized weight is the register-sourced WGMMA A operand (the mixed-input mainloop converts it in registers),
 // the tokens are the MMA's N dimension (16..256 per tile: small-M tiles are natural), and the weight rows fill the
-// 128-row M tiles of both consumer warpgroups.
+// M tiles: 128 rows split by two consumer warpgroups, or 64 rows each in turn (pingpong).
 //
 // Two scale placements, by format:
 //   * group scales (g64 / g128 ...): the mainloop multiplies each converted weight by its group's scale (the group
@@ -18,7 +18,8 @@
 // ht_sm90_mixed_gemm_<id> / ht_sm90_mixed_workspace_<id>).  Group scales and folded zeros are fp32 for bf16
 // activations (the fp32 q * s + z' is exact, then one rounding to bf16, as the reference's dequantized weight
 // rounds) and fp16 for fp16 activations with fp16 scales (q * s in fp16: one rounding).  Variants: tile shape and
-// tile scheduler (persistent or stream-K), numbered in HT_SM90_VARIANTS; the tuner times them.
+// kernel policy (cooperative persistent / stream-K on 128-row weight tiles, pingpong on 64-row ones), numbered in
+// HT_SM90_VARIANTS; the tuner times them.
 #include <cutlass/cutlass.h>
 #include <cute/tensor.hpp>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
@@ -37,7 +38,7 @@ using namespace cute;
 
 enum class Scaling { Group, GroupZero, Channel };
 
-template <class ElementW, class ElementX, class ElementScale, Scaling S, class TileShape, class Scheduler>
+template <class ElementW, class ElementX, class ElementScale, Scaling S, class TileShape, class Policy>
 struct MixedGemm {
   using ElementD = ElementX;
   using LayoutW = cutlass::layout::RowMajor;     // A: [N, K], K contiguous
@@ -60,15 +61,16 @@ struct MixedGemm {
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, AlignD, ElementD, LayoutD, AlignD,
-      cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
+      typename Policy::EpilogueSchedule, Fusion>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAOperand, LayoutW, AlignW, ElementX, LayoutX, AlignX,
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      typename Policy::KernelSchedule>::CollectiveOp;
 
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, Scheduler>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
+                                                      typename Policy::Scheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using StrideA = typename Kernel::StrideA;
   using StrideB = typename Kernel::StrideB;
@@ -119,8 +121,22 @@ struct MixedGemm {
   }
 };
 
-using Persistent = cutlass::gemm::PersistentScheduler;
-using StreamK = cutlass::gemm::StreamKScheduler;
+// Kernel policies (the variant table's third column): two consumer warpgroups splitting a 128-row weight tile
+// (cooperative; persistent or stream-K tiles), or taking 64-row tiles in turn (pingpong: twice the tiles of a
+// 128-row grid, for the small M where 8192 rows make only 64 cooperative tiles).
+struct Persistent {
+  using Scheduler = cutlass::gemm::PersistentScheduler;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+struct StreamK : Persistent {
+  using Scheduler = cutlass::gemm::StreamKScheduler;
+};
+struct Pingpong {
+  using Scheduler = cutlass::gemm::PersistentScheduler;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+};
 
 // The formats (id, weight, activation, scale type, scaling); a build defines HT_SM90_FMT to pick one.
 #define HT_SM90_FORMATS(X)                                                                       \
@@ -144,7 +160,10 @@ using StreamK = cutlass::gemm::StreamKScheduler;
   X(3, Shape<_128 COMMA _128 COMMA _64>, Persistent, __VA_ARGS__)  \
   X(4, Shape<_128 COMMA _256 COMMA _64>, Persistent, __VA_ARGS__)  \
   X(5, Shape<_128 COMMA _16 COMMA _128>, StreamK, __VA_ARGS__)     \
-  X(6, Shape<_128 COMMA _128 COMMA _64>, StreamK, __VA_ARGS__)
+  X(6, Shape<_128 COMMA _128 COMMA _64>, StreamK, __VA_ARGS__)     \
+  X(7, Shape<_64 COMMA _16 COMMA _128>, Pingpong, __VA_ARGS__)     \
+  X(8, Shape<_64 COMMA _32 COMMA _128>, Pingpong, __VA_ARGS__)     \
+  X(9, Shape<_64 COMMA _64 COMMA _128>, Pingpong, __VA_ARGS__)
 #endif
 
 }  // namespace
@@ -163,15 +182,15 @@ using StreamK = cutlass::gemm::StreamKScheduler;
 
 namespace {
 
-template <bool Keep, class W, class A, class SC, Scaling S, class T, class Sched>
+template <bool Keep, class W, class A, class SC, Scaling S, class T, class Policy>
 struct Variant {  // Keep = false: a branch compiled elsewhere (or nowhere)
   static int run(const void*, const void*, const void*, const void*, const void*, void*, int, int, int, int, void*,
                  size_t, cudaStream_t) { return -9; }
   static size_t workspace(int, int, int, int) { return size_t(-1); }
 };
 
-template <class W, class A, class SC, Scaling S, class T, class Sched>
-struct Variant<true, W, A, SC, S, T, Sched> : MixedGemm<W, A, SC, S, T, Sched> {};
+template <class W, class A, class SC, Scaling S, class T, class Policy>
+struct Variant<true, W, A, SC, S, T, Policy> : MixedGemm<W, A, SC, S, T, Policy> {};
 
 }  // namespace
 

@@ -4,8 +4,9 @@ scales), bf16 / fp16 activations, any M.  The weight is the register-sourced WGM
 by CUTLASS's mixed-input mainloop, TMA-fed, warp-specialized), the tokens the MMA's N side.  Backend ``cutlass``;
 ``auto`` runs it only where the device's measured table says it is fastest.
 
-KernelConfig: ``block_m`` the token tile, ``block_n`` the weight tile (128), ``block_k`` the K tile, ``split_k``
-1 = persistent data-parallel tiles, 0 = stream-K (CUTLASS's scheduler splits K across CTAs to fill the SMs)."""
+KernelConfig: ``block_m`` the token tile, ``block_n`` the weight rows per tile (128: cooperative, 64: pingpong),
+``block_k`` the K tile, ``split_k`` 1 = persistent data-parallel tiles, 0 = stream-K (CUTLASS's scheduler splits K
+across CTAs to fill the SMs)."""
 from __future__ import annotations
 
 import torch
@@ -42,12 +43,13 @@ def _cast_bias(qw, bias, dtype):
 
 def variant_of(cfg: KernelConfig) -> int:
     from cutlass_ext.mixed_gemm import VARIANTS
-    want = (cfg.block_m, cfg.block_k, cfg.split_k == 0)
+    want = (cfg.block_m, cfg.block_k, cfg.split_k == 0, cfg.block_n)
     for v, spec in VARIANTS.items():
         if spec == want:
             return v
     raise ValueError(f"no CUTLASS mixed-input variant with token tile {cfg.block_m}, K tile {cfg.block_k}, "
-                     f"{'stream-K' if cfg.split_k == 0 else 'persistent'} (variants: {VARIANTS})")
+                     f"{'stream-K' if cfg.split_k == 0 else 'persistent'}, {cfg.block_n}-row weight tiles "
+                     f"(variants: {VARIANTS})")
 
 
 class CutlassMixed(Family):
@@ -85,7 +87,8 @@ class CutlassMixed(Family):
         if not small and fits:
             least = min(spec[0] for _, spec in fits)
             small = [(v, spec) for v, spec in fits if spec[0] == least]
-        return [KernelConfig(self.name, bm, 128, bk, 0 if streamk else 1, 1, 12, 0) for _, (bm, bk, streamk) in small]
+        return [KernelConfig(self.name, bm, rows, bk, 0 if streamk else 1, 1, 12, 0)
+                for _, (bm, bk, streamk, rows) in small]
 
     def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
         from cutlass_ext.mixed_gemm import run
