@@ -141,9 +141,10 @@ def _can_run(call: Call, cand: Candidate) -> bool:
     from .backends._families import family_reason
     from .kernels import families
     try:
-        return family_reason(families.get(cand.family), call) is None
+        fam = families.get(cand.family)
     except ValueError:  # a family that no longer exists in this version
         return False
+    return family_reason(fam, call) is None and (cand.config is None or fam.config_reason(call, cand.config) is None)
 
 
 def _facts(x: torch.Tensor):

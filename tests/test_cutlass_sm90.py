@@ -204,6 +204,31 @@ def test_a_partial_build_offers_only_its_variants(monkeypatch):
     assert {variant_of(c) for c in families.get("cutlass_mixed").candidates(call)} == {0, 3}
 
 
+def test_a_table_pick_the_build_lacks_falls_to_the_next_candidate(monkeypatch):
+    """A measured table tuned against a fuller build: dispatch skips the variant this library does not hold
+    (and one the weight's group refuses) and takes the entry's next candidate, instead of failing at launch."""
+    from humming_triton import dispatch
+    from humming_triton.calls import Candidate, KernelConfig
+    from humming_triton.capability import facts_for_sm
+    monkeypatch.setattr(mg, "available", lambda fmt=None: None)
+    monkeypatch.setattr(mg, "built_variants", lambda fmt: [0, 3])
+    call = Call("quant_linear", ht.QuantScheme.parse("w4a16"), torch.bfloat16, 16, 8192, 8192,
+                facts=facts_for_sm((9, 0)))
+    pingpong = Candidate("cutlass", "cutlass_mixed", KernelConfig("cutlass_mixed", 16, 64, 128, 1, 1, 12, 0))
+    built = Candidate("cutlass", "cutlass_mixed", KernelConfig("cutlass_mixed", 16, 128, 128, 1, 1, 12, 0))
+    assert not dispatch._can_run(call, pingpong) and dispatch._can_run(call, built)
+    from humming_triton.kernels import families
+    fam = families.get("cutlass_mixed")
+    assert "does not hold CUTLASS variant 7" in fam.config_reason(call, pingpong.config)
+    g64 = Call("quant_linear", ht.QuantScheme.parse("weight=uint4,scale=bf16:g64,zero=int"), torch.bfloat16, 16,
+               8192, 8192, facts=facts_for_sm((9, 0)))
+    assert "not a multiple of the variant's K tile" in fam.config_reason(g64, built.config)
+    table = {"quant_linear|w4a16|8192x8192|m16": {"candidates": [
+        {**pingpong.to_json(), "us": 1.0}, {**built.to_json(), "us": 2.0}]}}
+    monkeypatch.setattr(dispatch, "_auto_allowed", lambda name: True)
+    assert dispatch._measured_choice(call, table, None) == built
+
+
 def test_object_cache_key(tmp_path):
     """A cached object is found again for the same compile (wherever its output was meant to go), and a
     different define or a changed source makes a new one."""

@@ -35,6 +35,11 @@ class Family:
         """Configs worth timing for this call (each costs one compilation in the sweep)."""
         return []
 
+    def config_reason(self, call: Call, cfg: KernelConfig) -> str | None:
+        """Why this family cannot run a call with this particular config (a measured table's pick), else None --
+        for families whose configs depend on what was built (prebuilt kernels)."""
+        return None
+
     def spec(self, fmt: dict, call: Call, cfg: KernelConfig, has_bias: bool) -> LaunchSpec | None:
         return None
 

@@ -90,6 +90,19 @@ class CutlassMixed(Family):
         return [KernelConfig(self.name, bm, rows, bk, 0 if streamk else 1, 1, 12, 0)
                 for _, (bm, bk, streamk, rows) in small]
 
+    def config_reason(self, call: Call, cfg: KernelConfig) -> str | None:
+        """A table's pick the loaded library does not hold (a partial build), or that the weight's group refuses."""
+        from cutlass_ext.mixed_gemm import built_variants, format_of, variant_reason
+        try:
+            v = variant_of(cfg)
+        except ValueError as e:
+            return str(e)
+        group = 0 if call.scheme.scale.block_k == 0 else call.scheme.group_k(call.k)
+        why = variant_reason(v, group)
+        if why is None and call.device_type == "cuda" and v not in built_variants(format_of(call.scheme, call.dtype)[0]):
+            why = f"the loaded native library does not hold CUTLASS variant {v} of this format"
+        return why
+
     def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
         from cutlass_ext.mixed_gemm import run
         m, n = x2.shape[0], qw.N
