@@ -210,6 +210,8 @@ def test_a_table_pick_the_build_lacks_falls_to_the_next_candidate(monkeypatch):
     from humming_triton import dispatch
     from humming_triton.calls import Candidate, KernelConfig
     from humming_triton.capability import facts_for_sm
+    from cutlass_ext import native
+    monkeypatch.setattr(native, "unavailable", lambda: None)  # a library with variants 0 and 3 of every format
     monkeypatch.setattr(mg, "available", lambda fmt=None: None)
     monkeypatch.setattr(mg, "built_variants", lambda fmt: [0, 3])
     call = Call("quant_linear", ht.QuantScheme.parse("w4a16"), torch.bfloat16, 16, 8192, 8192,
