@@ -73,14 +73,19 @@ class CutlassMixed(Family):
     def mma(self, call: Call) -> str:
         return "wgmma"
 
+    @staticmethod
+    def _why_not(call: Call, v: int) -> str | None:
+        """Why variant ``v`` cannot run this call: the weight's group refuses its K tile, or the loaded library
+        does not hold it (a partial build)."""
+        from cutlass_ext.mixed_gemm import built_variants, format_of, variant_reason
+        why = variant_reason(v, 0 if call.scheme.scale.block_k == 0 else call.scheme.group_k(call.k))
+        if why is None and call.device_type == "cuda" and v not in built_variants(format_of(call.scheme, call.dtype)[0]):
+            why = f"the loaded native library does not hold CUTLASS variant {v} of this format"
+        return why
+
     def candidates(self, call: Call) -> list[KernelConfig]:
-        from cutlass_ext.mixed_gemm import VARIANTS, variant_reason
-        from cutlass_ext.mixed_gemm import built_variants, format_of
-        group = 0 if call.scheme.scale.block_k == 0 else call.scheme.group_k(call.k)
-        built = set(VARIANTS)
-        if call.device_type == "cuda":  # only what the loaded library holds (a partial build may hold fewer)
-            built = set(built_variants(format_of(call.scheme, call.dtype)[0]))
-        fits = [(v, spec) for v, spec in VARIANTS.items() if v in built and variant_reason(v, group) is None]
+        from cutlass_ext.mixed_gemm import VARIANTS
+        fits = [(v, spec) for v, spec in VARIANTS.items() if self._why_not(call, v) is None]
         # token tiles up to twice M (and 16); when none of those fits the group (g64 needs a K tile of 64, which
         # only the larger tiles have), the smallest tile that does
         small = [(v, spec) for v, spec in fits if spec[0] <= 2 * max(call.m, 16)]
@@ -91,17 +96,11 @@ class CutlassMixed(Family):
                 for _, (bm, bk, streamk, rows) in small]
 
     def config_reason(self, call: Call, cfg: KernelConfig) -> str | None:
-        """A table's pick the loaded library does not hold (a partial build), or that the weight's group refuses."""
-        from cutlass_ext.mixed_gemm import built_variants, format_of, variant_reason
+        """A table's pick the loaded library does not hold, or that the weight's group refuses."""
         try:
-            v = variant_of(cfg)
+            return self._why_not(call, variant_of(cfg))
         except ValueError as e:
             return str(e)
-        group = 0 if call.scheme.scale.block_k == 0 else call.scheme.group_k(call.k)
-        why = variant_reason(v, group)
-        if why is None and call.device_type == "cuda" and v not in built_variants(format_of(call.scheme, call.dtype)[0]):
-            why = f"the loaded native library does not hold CUTLASS variant {v} of this format"
-        return why
 
     def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
         from cutlass_ext.mixed_gemm import run
