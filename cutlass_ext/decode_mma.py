@@ -2,7 +2,8 @@
 model of what it computes.
 
 ``repack(qw)`` turns a canonical QuantWeight (kpack32) into the kernel's layout once (cached on the weight by the
-backend): the codes as unsigned offsets in mma-fragment order, 16 bytes per thread per 64 K, and the scales /
+backend): the codes (integers as unsigned offsets, e4m3 / e2m1 as they are) in mma-fragment order, 16 bytes per
+thread per 64 K, and the scales /
 zero points as fp32 pairs (row g, row g + 8) per 16-row tile and scale group.  ``emulate`` replays the kernel's
 arithmetic fragment by fragment on any device, from the repacked tensors alone: the CPU tests prove the layout and
 the fragment mapping against the reference without a GPU.
@@ -23,6 +24,7 @@ MAX_THREADS = 512
 
 
 FP4_KINDS = {("e8m0", 32, False): 40, ("e4m3fn", 16, True): 41}  # (scale type, group, global scale) -> kind
+E4M3 = 18  # e4m3 weights: 8-bit codes in the int8 layout, converted by cvt.rn.f16x2.e4m3x2 (fp16 activations, sm_89+)
 
 
 def fp4_kind(scheme) -> int | None:
@@ -33,20 +35,25 @@ def fp4_kind(scheme) -> int | None:
     return FP4_KINDS.get((str(sc.dtype), sc.block_k, bool(sc.global_scale)))
 
 
-def weight_reason(scheme, n: int, k: int, dtype=None) -> str | None:
-    """Why the kernel cannot take this weight format / shape (None if it can); ``dtype``: the activations'."""
+def weight_reason(scheme, n: int, k: int, dtype=None, act_codes: bool = False) -> str | None:
+    """Why the kernel cannot take this weight format / shape (None if it can); ``dtype``: the activations'.
+    ``act_codes``: the activations are a quantized-activation scheme's codes as 16-bit values (their scale is the
+    caller's), so only the weight half of the scheme counts."""
     from humming_triton.formats.dtypes import IntType, WideFloat
     w, sc = scheme.weight, scheme.scale
-    if scheme.act is not None:
+    if scheme.act is not None and not act_codes:
         return f"{scheme.name} quantizes its activations (this kernel takes 16-bit activations)"
-    if str(w) == "e2m1" and scheme.act is None:
+    if str(w) == "e2m1":
         if fp4_kind(scheme) is None:
             return f"e2m1 with {sc} scales (MXFP4 e8m0:g32 and NVFP4 e4m3fn:g16+global only)"
         if dtype is not None and dtype != torch.bfloat16:
             return f"e2m1 weights with {dtype} activations (bf16 only: block scales can leave fp16's range)"
         return None if k % 16 == 0 else f"K={k} is not a multiple of 16"
-    if not isinstance(w, IntType) or w.bits not in (4, 8):
-        return f"weight type {w} (the native decode kernel takes int4 / int8 codes and MX / NV e2m1)"
+    if str(w) == "e4m3fn":
+        if dtype is not None and dtype != torch.float16:
+            return f"e4m3 weights with {dtype} activations (fp16 only: e4m3 converts to fp16 in one instruction)"
+    elif not isinstance(w, IntType) or w.bits not in (4, 8):
+        return f"weight type {w} (the native decode kernel takes int4 / int8 / e4m3 codes and MX / NV e2m1)"
     if scheme.zero == "float":
         return "float zero points (128 + z must be exact in the 16-bit activation type)"
     if not isinstance(sc.dtype, WideFloat) or sc.global_scale:
@@ -67,7 +74,7 @@ class Packed:
     w: torch.Tensor          # int32 [tiles, chunks, loads, 32, 4]
     scales: torch.Tensor     # fp32 [tiles, groups, 8, 2]
     zeros: torch.Tensor | None  # fp32 like scales (the zero point per row), None: 2^(bits-1)
-    bits: int                # 4 / 8; e2m1 kinds: 40 (MX), 41 (NV)
+    bits: int                # 4 / 8; 18: e4m3; e2m1 kinds: 40 (MX), 41 (NV)
     n: int
     k: int
     group_chunks: int        # 0: one scale per row (and every e2m1 kind: its scales travel in fp4_scales)
@@ -78,7 +85,7 @@ class Packed:
 
     @property
     def code_bits(self) -> int:
-        return 4 if self.bits >= 40 else self.bits
+        return 4 if self.bits >= 40 else 8 if self.bits == E4M3 else self.bits
 
     @property
     def chunks(self) -> int:
@@ -140,14 +147,15 @@ def repack(qw) -> Packed:
     """The kernel's layout of a 2-D canonical QuantWeight, made on the weight's device (once per weight)."""
     from humming_triton.formats.packing import unpack_codes
     from humming_triton.formats.weight import decode_scales
-    why = weight_reason(qw.scheme, qw.N, qw.K)
+    why = weight_reason(qw.scheme, qw.N, qw.K, act_codes=True)  # the weight alone: the caller feeds activations
     if why or qw.data.dim() != 2:
         raise ValueError(f"the native decode kernel cannot take this weight: {why or 'a 3-D (expert) weight'}")
     bits, n, k = qw.scheme.bits, qw.N, qw.K
     kind = fp4_kind(qw.scheme)
+    e4m3 = str(qw.scheme.weight) == "e4m3fn"
     tiles, chunks = -(-n // 16), -(-k // CHUNK)
     codes = unpack_codes(qw.data, bits, k)
-    if kind is None and qw.scheme.weight.signed:  # two's complement -> unsigned offset u = v + 2^(bits-1)
+    if kind is None and not e4m3 and qw.scheme.weight.signed:  # two's complement -> unsigned u = v + 2^(bits-1)
         codes = codes ^ (1 << (bits - 1))
     row, kk, shift = (a.to(qw.device) for a in _fragment_map(4 if kind else bits))
     loads, words = row.shape[0], row.shape[2]
@@ -173,7 +181,7 @@ def repack(qw) -> Packed:
     zeros = None
     if qw.zeros is not None:
         zeros = _pairs(qw.zeros.float().reshape(n, groups), tiles)
-    return Packed(out, scales, zeros, bits, n, k, 0 if groups == 1 else gk // CHUNK, groups)
+    return Packed(out, scales, zeros, E4M3 if e4m3 else bits, n, k, 0 if groups == 1 else gk // CHUNK, groups)
 
 
 _ONE = {"e8m0": 127, "e4m3fn": 0x38}  # the code of 1.0: padding (a NaN scale times a zero code is still NaN)
@@ -223,31 +231,37 @@ def split(p: Packed, kw: int) -> int:
 
 
 _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
+_OUT_DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}  # bias / out
 
 
-def _check(x2: torch.Tensor, out: torch.Tensor, kw: int, tw: int) -> None:
+def _check(x2: torch.Tensor, out: torch.Tensor, kw: int, tw: int, row_scales=None) -> None:
     if x2.dtype not in _DTYPES:
         raise TypeError(f"the native decode kernel takes fp16 / bf16 activations, got {x2.dtype}")
     if x2.stride(-1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
         raise ValueError("x rows must be contiguous and 16-byte aligned")
-    if out.dtype not in (x2.dtype, torch.float32) or out.stride(-1) != 1:
-        raise ValueError(f"out must be {x2.dtype} or fp32 with unit column stride")
+    if out.dtype not in _OUT_DTYPES or out.stride(-1) != 1:
+        raise ValueError(f"out must be fp16 / bf16 / fp32 with unit column stride, got {out.dtype}")
+    if row_scales is not None and (row_scales.dtype != torch.float32 or row_scales.numel() != x2.shape[0]
+                                   or not row_scales.is_contiguous() or row_scales.device != x2.device):
+        raise ValueError(f"row_scales must be {x2.shape[0]} contiguous fp32 values on {x2.device}")
     if 32 * kw * tw > MAX_THREADS:
         raise ValueError(f"{kw} x {tw} warps exceed {MAX_THREADS} threads per block")
 
 
-def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None) -> torch.Tensor:
-    if bias is not None and bias.dtype not in (x2.dtype, torch.float32):
+def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None, row_scales=None) -> torch.Tensor:
+    if bias is not None and bias.dtype not in _OUT_DTYPES:
         bias = bias.float()
+    if p.bits == E4M3 and x2.dtype != torch.float16:
+        raise TypeError(f"e4m3 weights take fp16 activations, got {x2.dtype}")
     dev = x2.device
     err = library().ht_decode_mma(
         dev.index if dev.index is not None else torch.cuda.current_device(), _DTYPES[x2.dtype], p.bits,
         int(p.zeros is not None), unroll, kw, tw, p.w.data_ptr(), x2.data_ptr(), p.scales.data_ptr(),
         None if p.zeros is None else p.zeros.data_ptr(),
         None if p.fp4_scales is None else p.fp4_scales.data_ptr(), None if bias is None else bias.data_ptr(),
-        int(bias is not None and bias.dtype == torch.float32), out.data_ptr(), int(out.dtype == torch.float32), m,
+        _OUT_DTYPES[bias.dtype] if bias is not None else 0, out.data_ptr(), _OUT_DTYPES[out.dtype], m,
         p.n, p.k, x2.stride(0), out.stride(0), p.group_chunks, p.groups, split(p, kw), out_scale * p.out_scale,
-        None if offsets is None else offsets.data_ptr(), int(offsets is not None and offsets.dtype == torch.int64),
+        None if row_scales is None else row_scales.data_ptr(), None if offsets is None else offsets.data_ptr(), int(offsets is not None and offsets.dtype == torch.int64),
         max(1, p.experts), None if p.out_scales is None else p.out_scales.data_ptr(),
         current_stream(dev))
     check(err, "the native decode kernel")
@@ -255,16 +269,17 @@ def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None
 
 
 def run(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None, out: torch.Tensor, kw: int = 8, tw: int = 1,
-        unroll: int = 1, out_scale: float = 1.0) -> torch.Tensor:
-    """``out[M, N] = x2[M, K] @ W^T (+ bias)`` on torch's current stream.  ``x2``: contiguous rows, fp16 / bf16,
-    16-byte aligned; ``out``: the activation type or fp32, unit column stride."""
+        unroll: int = 1, out_scale: float = 1.0, row_scales: torch.Tensor | None = None) -> torch.Tensor:
+    """``out[M, N] = row_scales[:, None] * (x2[M, K] @ W^T) (+ bias)`` on torch's current stream.  ``x2``:
+    contiguous rows, fp16 / bf16, 16-byte aligned; ``out``: fp16 / bf16 / fp32, unit column stride;
+    ``row_scales``: fp32 [M] (a per-token activation scale) or None."""
     m = x2.shape[0]
     if not 1 <= m <= MAX_M:
         raise ValueError(f"the native decode kernel takes 1..{MAX_M} rows, got {m}")
     if p.experts:
         raise ValueError("a stacked (expert) view runs through run_grouped")
-    _check(x2, out, kw, tw)
-    return _launch(x2, p, bias, out, kw, tw, unroll, m, out_scale)
+    _check(x2, out, kw, tw, row_scales)
+    return _launch(x2, p, bias, out, kw, tw, unroll, m, out_scale, row_scales=row_scales)
 
 
 def run_grouped(x2: torch.Tensor, p: Packed, offsets: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
@@ -299,12 +314,13 @@ def emulate(x2: torch.Tensor, p: Packed) -> torch.Tensor:
     g, t = lane // 4, lane % 4
     a = torch.zeros(tiles, chunks, 4, 16, 16, dtype=torch.float64, device=dev)  # [.., step, row, kappa]
     fp4 = p.bits >= 40
+    from humming_triton.formats.dtypes import parse_element_type
+    e4m3 = parse_element_type("e4m3fn").decode(torch.arange(256, device=dev)).double()  # the value of each code
     if fp4:
-        from humming_triton.formats.dtypes import parse_element_type
         table = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64,
                              device=dev)
         sc = p.fp4_scales.to(torch.int64)  # [tiles, chunks, lane, (row g, row g + 8)]
-        sval = torch.exp2(sc.double() - 127) if p.bits == 40 else parse_element_type("e4m3fn").decode(sc).double()
+        sval = torch.exp2(sc.double() - 127) if p.bits == 40 else e4m3[sc]
     for s in range(4):
         for r in range(4):
             for half in range(2):
@@ -313,7 +329,10 @@ def emulate(x2: torch.Tensor, p: Packed) -> torch.Tensor:
                 else:  # rows g / g + 8 in words 2 (s % 2) / + 1 of load s // 2; register r // 2 picks bytes 0-1 / 2-3
                     word = words[:, :, s // 2, :, 2 * (s % 2) + r % 2]
                     field = (word >> (8 * (2 * (r // 2) + half))) & 0xFF
-                val = field.double() if not fp4 else table[field] * sval[:, :, :, r % 2]  # the lane's block scale
+                if fp4:
+                    val = table[field] * sval[:, :, :, r % 2]  # the lane's block scale
+                else:
+                    val = e4m3[field] if p.bits == E4M3 else field.double()
                 a[:, :, s, g + 8 * (r % 2), 2 * t + 8 * (r // 2) + half] = val
     m = x2.shape[0]
     xk = torch.zeros(m, chunks * CHUNK, dtype=torch.float64, device=dev)
@@ -325,7 +344,8 @@ def emulate(x2: torch.Tensor, p: Packed) -> torch.Tensor:
     b = xk[:, CHUNK * c + 16 * tq + 4 * s + 2 * j + half]  # [M, chunks, step, kappa]: what lane loads as b_j
     if fp4:
         return torch.einsum("tcsrk,mcsk->tcrm", a, b).sum(1).reshape(tiles * 16, m)[:p.n].T * p.out_scale
-    zero = p.zeros if p.zeros is not None else torch.full_like(p.scales, float(1 << (p.bits - 1)))
+    zero = p.zeros if p.zeros is not None else torch.full_like(p.scales, 0.0 if p.bits == E4M3 else
+                                                                   float(1 << (p.code_bits - 1)))
 
     def per_row(v):  # [tiles, G, 8, 2] -> [tiles, G, 16]
         return v.permute(0, 1, 3, 2).reshape(tiles, v.shape[1], 16).double()

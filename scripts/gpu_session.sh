@@ -12,7 +12,8 @@
 #           suites $TUNE_SUITES (default headline,decode; filter $TUNE_ONLY), compiled in $TUNE_JOBS processes first
 #           (writes autotune_configs/<device>.json, copied to $OUT)
 #   native  the native CUDA library (cutlass_ext): loads or is built here, its GPU tests, an ncu profile and a
-#           sweep of its configs at the decode shapes                                  -> native*.txt
+#           sweep of its configs at the decode shapes, weight-only and on activation codes (mma_decode_act)
+#                                                                            -> native*.txt, native*_sweep.json
 #   cutlass the sm_90a CUTLASS mixed-input GEMMs: load the carried build (else build here, 16 jobs), their GPU tests,
 #           a sweep of every variant at the headline shapes (M = 16..4096) beside the table's auto, memcheck over
 #           the tail shapes                                                           -> cutlass*.txt, cutlass_sweep.json
@@ -72,11 +73,14 @@ for step in $STEPS; do
       stamp native
       python3 -c "from cutlass_ext import native; import sys; w = native.unavailable(); print(w or 'native library loads'); sys.exit(1 if w else 0)" \
         > "$OUT/native.txt" 2>&1 || timeout -k 5 240 python3 -m cutlass_ext.build --arch 90 >> "$OUT/native.txt" 2>&1
-      gpu_tests ${NATIVE_S:-150} native tests/test_native_decode.py tests/test_act_quant_kernels.py -k "native or grouped_kernel or global_scale or kernel_matches"
+      gpu_tests ${NATIVE_S:-150} native tests/test_native_decode.py tests/test_native_decode_act.py tests/test_act_quant_kernels.py \
+        -k "native or grouped_kernel or global_scale or kernel_matches or non_finite or scaled_mm or through_the_op"
       timeout -k 5 120 ncu --clock-control none -k regex:decode_mma --launch-skip 3 --launch-count 2 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
         --section LaunchStats python3 scripts/native_probe.py > "$OUT/native_ncu.txt" 2>&1
-      timeout -k 5 120 python3 scripts/native_probe.py --sweep --out "$OUT/native_sweep.json" > "$OUT/native_sweep.txt" 2>&1 ;;
+      timeout -k 5 120 python3 scripts/native_probe.py --sweep --out "$OUT/native_sweep.json" > "$OUT/native_sweep.txt" 2>&1
+      timeout -k 5 ${NATIVE_ACT_S:-100} python3 scripts/native_probe.py --family mma_decode_act --sweep \
+        --out "$OUT/native_act_sweep.json" > "$OUT/native_act_sweep.txt" 2>&1 ;;
     cutlass)  # the sm_90a CUTLASS GEMMs: carried build or built here; GPU tests; variant sweep; memcheck on tails
       stamp cutlass
       # the carried objects (cutlass_ext/_build/obj) are reused: only missing or changed kernels compile here

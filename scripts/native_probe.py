@@ -20,13 +20,18 @@ from humming_triton.dispatch import last_plan  # noqa: E402
 from humming_triton.kernels import families  # noqa: E402
 
 SHAPES = [("w4a16", 8192, 8192), ("w4a16", 4096, 14336), ("w4a16", 14336, 4096), ("w4a16", 28672, 4096),
-          ("w8a16", 8192, 8192), ("w4a16-asym", 8192, 8192), ("mxfp4", 8192, 8192), ("nvfp4", 8192, 8192)]
+          ("w8a16", 8192, 8192), ("w4a16-asym", 8192, 8192), ("mxfp4", 8192, 8192), ("nvfp4", 8192, 8192),
+          ("w8a16-fp8", 8192, 8192, torch.float16)]
+# the quantized-activation schemes on their codes (mma_decode_act): the headline's activation-quantized rows
+ACT_SHAPES = [("w8a8-fp8", 8192, 8192), ("w8a8-int8", 8192, 8192), ("w4a8-fp8", 8192, 8192),
+              ("w4a8-int8", 8192, 8192), ("w4a8-mxfp4", 8192, 8192)]
 # (scheme, N, K[, activation dtype]): the last two rows are diagnostics of the int4 group-scale path -- fp16
 # activations (fp16 scales multiply in fp16) and int4 with channel scales (exact convert, no scale in the mainloop)
 CUTLASS_SHAPES = [("w4a16", 8192, 8192), ("w4a16", 4096, 14336), ("w8a16", 8192, 8192), ("w4a16-asym", 8192, 8192),
                   ("w8a16-fp8", 8192, 8192), ("w4a16", 8192, 8192, torch.float16),
                   ("weight=int4,scale=fp16:channel", 8192, 8192)]
-FAMILY_SHAPES = {"mma_decode": SHAPES, "cutlass_mixed": CUTLASS_SHAPES}
+FAMILY_SHAPES = {"mma_decode": SHAPES, "mma_decode_act": ACT_SHAPES, "cutlass_mixed": CUTLASS_SHAPES}
+DECODE_FAMILIES = ("mma_decode", "mma_decode_act")
 
 
 def _case(scheme, n, k, m, dtype=torch.bfloat16):
@@ -37,7 +42,9 @@ def _case(scheme, n, k, m, dtype=torch.bfloat16):
 
 
 ODD = {"mma_decode": [("w8a16", 37, 208, 1), ("nvfp4", 24, 208, 9), ("w4a16-asym", 100, 1280, 9),
-                      ("mxfp4", 40, 224, 16), ("w4a16", 8200, 4224, 3)],
+                      ("mxfp4", 40, 224, 16), ("w4a16", 8200, 4224, 3), ("w8a16-fp8", 72, 400, 5, torch.float16)],
+       "mma_decode_act": [("w8a8-fp8", 37, 208, 1), ("w8a8-int8", 100, 1280, 9), ("w4a8-fp8", 24, 256, 16),
+                          ("w4a8-mxfp4", 40, 224, 3), ("w4a8-int8", 8200, 4224, 7)],
        "cutlass_mixed": [("w4a16", 200, 1024, 7), ("w4a16-asym", 72, 384, 33), ("w8a16", 8200, 4224, 300),
                          ("w8a16-fp8", 136, 256, 17), ("weight=int4,scale=fp16:channel", 8, 256, 1),
                          ("w4a16", 200, 1024, 7, torch.float16), ("w8a16-fp8", 136, 256, 17, torch.float16),
@@ -130,7 +137,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--schemes", default=None, help="comma list: sweep only these schemes' bf16 shapes")
     a = ap.parse_args()
-    ms = a.m or ("1,4,16" if a.family == "mma_decode" else "16,64,256,1024,4096")
+    ms = a.m or ("1,4,16" if a.family in DECODE_FAMILIES else "16,64,256,1024,4096")
     if a.odd:
         odd_shapes(a.family)
     elif a.sweep:

@@ -13,8 +13,10 @@ from cutlass_ext import decode_mma as dm
 from humming_triton.testing import assert_linear_close, poison_like
 
 FORMATS = ["w4a16", "w4a16-asym", "w8a16", "w8a16-asym", "weight=int4,scale=bf16:g64",
-           "weight=int8,scale=fp16:g128,zero=none", "weight=uint4,scale=fp32:g256,zero=int", "mxfp4", "nvfp4"]
+           "weight=int8,scale=fp16:g128,zero=none", "weight=uint4,scale=fp32:g256,zero=int", "mxfp4", "nvfp4",
+           "w8a16-fp8", "weight=e4m3fn,scale=fp16:g128"]
 FP4 = ("mxfp4", "nvfp4")  # bf16 activations only
+E4M3 = ("w8a16-fp8", "weight=e4m3fn,scale=fp16:g128")  # fp16 activations only
 SHAPES = [(37, 512), (100, 1280), (16, 256)]  # odd N (a partial 16-row tile), K a multiple of every group
 CHANNEL_ODD_K = [("w8a16", (50, 208)), ("weight=int4,scale=fp16:channel", (24, 400)),  # K % 64 != 0
                  ("nvfp4", (24, 208)), ("mxfp4", (40, 224))]
@@ -46,9 +48,9 @@ def test_emulated_kernel_pads_k(fmt, shape, rng):
 
 
 @pytest.mark.parametrize("fmt,why", [
-    ("weight=e2m1,scale=fp16:g32", "MXFP4 e8m0:g32 and NVFP4"), ("w4a8-fp8", "quantizes its activations"),
-    ("w1a16", "weight type uint1"),
-    ("weight=int4,scale=fp16:g32", "scale group 32"), ("w8a16-fp8-block", "weight type e4m3fn"),
+    ("weight=e2m1,scale=fp16:g32", "MXFP4 e8m0:g32 and NVFP4"), ("w1a16", "weight type uint1"),
+    ("weight=int4,scale=fp16:g32", "scale group 32"), ("w8a16-fp8-block", "scale blocks of 128 rows"),
+    ("weight=e5m2,scale=fp32:channel", "weight type e5m2"),
 ])
 def test_unsupported_formats_have_a_reason(fmt, why):
     scheme = ht.QuantScheme.parse(fmt)
@@ -58,10 +60,31 @@ def test_unsupported_formats_have_a_reason(fmt, why):
         dm.repack(qw)
 
 
+def test_quantized_activations_need_their_codes():
+    """A W8A8 / W4A8 scheme is refused as a 16-bit-activation call; its weight half repacks (mma_decode_act feeds
+    the kernel the activation codes), unless the weight half itself is out of reach."""
+    scheme = ht.QuantScheme.parse("w4a8-fp8")
+    assert "quantizes its activations" in dm.weight_reason(scheme, 256, 1024)
+    assert dm.weight_reason(scheme, 256, 1024, act_codes=True) is None
+    assert dm.repack(ht.quantize_weight(torch.randn(32, 256), scheme)).bits == 4
+    mx = ht.QuantScheme.parse("w8a8-mxfp8")
+    assert "e8m0 scales" in dm.weight_reason(mx, 256, 1024, act_codes=True)
+    with pytest.raises(ValueError, match="cannot take this weight"):
+        dm.repack(ht.quantize_weight(torch.randn(32, 256), mx))
+
+
 def test_fp4_takes_bf16_activations_only():
     scheme = ht.QuantScheme.parse("mxfp4")
     assert dm.weight_reason(scheme, 256, 1024, torch.bfloat16) is None
     assert "bf16 only" in dm.weight_reason(scheme, 256, 1024, torch.float16)
+
+
+def test_e4m3_takes_fp16_activations_only():
+    scheme = ht.QuantScheme.parse("w8a16-fp8")
+    assert dm.weight_reason(scheme, 256, 1024, torch.float16) is None
+    assert "fp16 only" in dm.weight_reason(scheme, 256, 1024, torch.bfloat16)
+    # a quantized-activation scheme's weight half, for the kernel fed with activation codes (mma_decode_act)
+    assert dm.weight_reason(ht.QuantScheme.parse("w8a8-fp8"), 256, 1024, torch.float16, act_codes=True) is None
 
 
 def test_family_is_registered_for_the_cuda_backend():
@@ -103,7 +126,8 @@ def test_build_command_names_every_arch_and_ptx():
 # ---- the kernel on the GPU ------------------------------------------------------------------------------------
 
 GPU_CASES = [(fmt, shape, dtype) for fmt, shape in [(f, s) for f in FORMATS for s in SHAPES[:2]] + CHANNEL_ODD_K
-             for dtype in (torch.float16, torch.bfloat16) if not (fmt in FP4 and dtype == torch.float16)]
+             for dtype in (torch.float16, torch.bfloat16)
+             if not (fmt in FP4 and dtype == torch.float16) and not (fmt in E4M3 and dtype == torch.bfloat16)]
 
 
 @pytest.mark.gpu
@@ -257,6 +281,7 @@ def test_dense_decode_kernel_registers(tmp_path):
     assert all(local == 0 for _, local in dense.values()), {a: v for a, v in dense.items() if v[1]}
     # one token tile (NT = 1), no zero point, unroll 1 / 2: the configs the measured table picks at M = 1
     hot = {a: reg for a, (reg, _) in dense.items()
-           if re.fullmatch(r"__nv_bfloat16, (4|8|40|41), 1, false, [12]", a.replace("(anonymous namespace)::", ""))}
-    assert len(hot) == 8, sorted(dense)
+           if re.fullmatch(r"__nv_bfloat16, (4|8|40|41), 1, false, [12]|__half, 18, 1, false, [12]",
+                           a.replace("(anonymous namespace)::", ""))}
+    assert len(hot) == 10, sorted(dense)
     assert max(hot.values()) <= DENSE_REG_BUDGET, hot

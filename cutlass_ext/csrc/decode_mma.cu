@@ -16,6 +16,12 @@
 // point (or 2^(bits-1)).  (u - c) is an exact small integer in fp16 / bf16, so each scale group's mma partial sum is
 // exact up to fp32 accumulation, and the group's scale multiplies the fp32 partial (one FFMA per output element
 // per group, never one per weight element).
+//
+// e4m3 weights (KIND 18, fp16 activations, sm_89+) convert two codes per cvt.rn.f16x2.e4m3x2; e4m3 is a subset of
+// fp16, so the products are exact.  Quantized-activation schemes (W8A8, W4A8) run here at decode sizes on their
+// activation *codes*: e4m3 / int8 codes are exact in fp16 and in bf16, the per-token activation scale
+// multiplies the fp32 result (row_scales), so the products are the same as an fp8 / int8 MMA's and the sums are
+// fp32 -- at least as accurate as torch._scaled_mm without fast accumulation.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -59,8 +65,6 @@ struct Act<__half> {
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
-  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 };
 
 template <>
@@ -86,8 +90,6 @@ struct Act<__nv_bfloat16> {
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
-  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 };
 
 // The per-row subtrahend of one scale group, in the form the decode of BITS needs.
@@ -126,6 +128,25 @@ __device__ __forceinline__ uint32_t int8_pair(uint32_t q, int lo_byte, uint32_t 
   const float v0 = __uint_as_float(prmt(q, 0x4B000000u, s0)) - fbias;  // 2^23 + u - (2^23 + c)
   const float v1 = __uint_as_float(prmt(q, 0x4B000000u, s1)) - fbias;
   return Act<T>::pack(v0, v1);
+}
+
+// e4m3 codes (KIND 18, fp16): bytes 0-1 / 2-3 of a word are the low / high register's halves, as for int8.
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t q, bool high) {
+  uint32_t d = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const uint16_t h = static_cast<uint16_t>(high ? q >> 16 : q);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(h));
+#else
+  (void)q, (void)high;  // not launched: ht_decode_mma refuses KIND 18 below sm_89
+#endif
+  return d;
+}
+
+__device__ __forceinline__ void decode_e4m3(uint32_t qg, uint32_t qg8, uint32_t (&a)[4]) {
+  a[0] = e4m3x2_f16x2(qg, false);
+  a[1] = e4m3x2_f16x2(qg8, false);
+  a[2] = e4m3x2_f16x2(qg, true);
+  a[3] = e4m3x2_f16x2(qg8, true);
 }
 
 template <typename T, int BITS>
@@ -182,21 +203,41 @@ __device__ __forceinline__ void fp4_scales(uint32_t code16, uint32_t& sg, uint32
   }
 }
 
+enum { DT_F16 = 0, DT_BF16 = 1, DT_F32 = 2 };
+
+__device__ __forceinline__ float load_float(const void* p, size_t i, int dt) {
+  if (dt == DT_F32) return static_cast<const float*>(p)[i];
+  if (dt == DT_BF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  return __half2float(static_cast<const __half*>(p)[i]);
+}
+
+__device__ __forceinline__ void store_float(void* p, size_t i, float v, int dt) {
+  if (dt == DT_F32)
+    static_cast<float*>(p)[i] = v;
+  else if (dt == DT_BF16)
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  else
+    static_cast<__half*>(p)[i] = __float2half_rn(v);
+}
+
+__host__ __device__ constexpr int code_loads(int kind) { return kind == 8 || kind == 18 ? 2 : 1; }
+
 struct Params {
   const uint4* w;        // [tiles, chunks, LOADS, 32] x 16 bytes
   const void* x;         // [M, ldx] fp16 / bf16, 16-byte aligned rows
   const float2* scales;  // [tiles, groups, 8] (s[row g], s[row g + 8])
   const float2* zeros;   // same shape, the zero point c per row; null: c = 2^(bits-1) for every row
   const uint16_t* fp4_scales;  // e2m1: [tiles, chunks, 32] block-scale codes of rows (g, g + 8) for each lane
-  const void* bias;      // [N] or null (fp32 when bias_f32, else the activation type)
-  void* y;               // [M, ldy] (fp32 when out_f32, else the activation type)
+  const void* bias;      // [N] or null, of bias_dtype
+  void* y;               // [M, ldy] of out_dtype
   int M, N, K, ldx, ldy;
   int chunks;            // ceil(K / 64)
   int group_chunks;      // chunks per scale group; 0: one scale per row (channel)
   int groups;            // scale groups along K (1 for channel)
   int chunks_per_warp;   // a multiple of group_chunks
   float out_scale;       // multiplies the result (a global weight scale), 1 if none
-  int bias_f32, out_f32;
+  const float* row_scales;  // [M] or null: multiplies row m of the result (a per-token activation scale)
+  int bias_dtype, out_dtype;  // DT_F16 / DT_BF16 / DT_F32
   // grouped (MoE) launches: grid.y = experts; expert e owns rows offsets[e] <= r < offsets[e + 1] of x and y, and
   // every weight array above holds the experts one after another (bias: [E, N]); null offsets: a dense launch
   const void* offsets;
@@ -207,6 +248,7 @@ struct Params {
 // What one pass of the tile loop reads and writes: one expert's weight, up to 8 NT rows of x and y.
 struct View {
   const uint4* w;
+  const float* row_scales;
   const float2* scales;
   const float2* zeros;
   const uint16_t* fp4_scales;
@@ -217,12 +259,13 @@ struct View {
   float out_scale;
 };
 
-// KIND: 4 int4, 8 int8 (codes as unsigned offsets, fp32 group scales), 40 e2m1 + e8m0, 41 e2m1 + e4m3 (bf16 only)
+// KIND: 4 int4, 8 int8 (codes as unsigned offsets, fp32 group scales), 18 e4m3 (fp16 only), 40 e2m1 + e8m0,
+// 41 e2m1 + e4m3 (bf16 only)
 template <typename T, int KIND, int NT, bool ZERO, int U, bool GROUPED>
 __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
   constexpr bool FP4 = KIND >= 40;
-  constexpr int BITS = FP4 ? 4 : KIND;
-  constexpr int LOADS = BITS == 4 ? 1 : 2;  // 16-byte loads of codes per thread per chunk
+  constexpr int BITS = FP4 ? 4 : (KIND == 18 ? 8 : KIND);
+  constexpr int LOADS = code_loads(KIND);  // 16-byte loads of codes per thread per chunk
   const int lane = threadIdx.x, kw = threadIdx.y, tw = threadIdx.z, KW = blockDim.y;
   const int g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x * blockDim.z + tw;
@@ -333,6 +376,8 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
             uint32_t a[4];
             if constexpr (FP4)
               decode_e2m1(wq[s], sg, sg8, a);
+            else if constexpr (KIND == 18)
+              decode_e4m3(wq[2 * s], wq[2 * s + 1], a);
             else if constexpr (BITS == 4)
               decode_int4(wq[s], bias, a);
             else
@@ -394,7 +439,6 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
     if (kw != 0) return;
   }
   if (tile >= tiles) return;
-  const T* bias_p = static_cast<const T*>(v.bias);
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -402,11 +446,9 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
       const int n = tile * 16 + g + 8 * (i >> 1), m = 2 * t + (i & 1) + 8 * j;
       if (n < p.N && m < v.M) {
         float r = acc[j][i] * v.out_scale;
-        if (bias_p != nullptr) r += p.bias_f32 ? static_cast<const float*>(v.bias)[n] : Act<T>::to_float(bias_p[n]);
-        if (p.out_f32)
-          static_cast<float*>(v.y)[(size_t)m * p.ldy + n] = r;
-        else
-          static_cast<T*>(v.y)[(size_t)m * p.ldy + n] = Act<T>::from_float(r);
+        if (v.row_scales != nullptr) r *= v.row_scales[m];
+        if (v.bias != nullptr) r += load_float(v.bias, n, p.bias_dtype);
+        store_float(v.y, (size_t)m * p.ldy + n, r, p.out_dtype);
       }
     }
 }
@@ -415,14 +457,14 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 // in the dense kernel took it from 64 to the 128 cap (measured: M = 1 rows 17-36 % slower on the H200).
 template <typename T, int KIND, int NT, bool ZERO, int U>
 __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
-  const View v{p.w, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M, p.out_scale};
+  const View v{p.w, p.row_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M, p.out_scale};
   decode_tile<T, KIND, NT, ZERO, U, false>(p, v);
 }
 
 template <typename T, int KIND, int NT, bool ZERO, int U>
 __global__ void __launch_bounds__(512) decode_mma_grouped_kernel(const Params p) {
-  constexpr int LOADS = (KIND == 8) ? 2 : 1;
-  View v{p.w, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M, p.out_scale};
+  constexpr int LOADS = code_loads(KIND);
+  View v{p.w, p.row_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M, p.out_scale};
   const int e = blockIdx.y;
   const long long r0 = p.offsets_i64 ? static_cast<const long long*>(p.offsets)[e]
                                      : static_cast<const int*>(p.offsets)[e];
@@ -435,14 +477,14 @@ __global__ void __launch_bounds__(512) decode_mma_grouped_kernel(const Params p)
   if (ZERO) v.zeros += (size_t)e * tiles * p.groups * 8;
   if (KIND >= 40) v.fp4_scales += (size_t)e * tiles * p.chunks * 32;
   if (p.bias != nullptr)
-    v.bias = p.bias_f32 ? static_cast<const void*>(static_cast<const float*>(p.bias) + (size_t)e * p.N)
-                        : static_cast<const void*>(static_cast<const T*>(p.bias) + (size_t)e * p.N);
+    v.bias = static_cast<const char*>(p.bias) + (size_t)e * p.N * (p.bias_dtype == DT_F32 ? 4 : 2);
   if (p.out_scales != nullptr) v.out_scale = p.out_scales[e];
-  const size_t ysz = p.out_f32 ? sizeof(float) : sizeof(T);
+  const size_t ysz = p.out_dtype == DT_F32 ? 4 : 2;
   for (long long m0 = r0; m0 < r1; m0 += 8 * NT) {  // 8 NT rows per pass; the weight tile re-streams from L2
     v.M = (int)min((long long)(8 * NT), r1 - m0);
     v.x = static_cast<const T*>(p.x) + m0 * p.ldx;
     v.y = static_cast<char*>(p.y) + m0 * p.ldy * ysz;
+    if (p.row_scales != nullptr) v.row_scales = p.row_scales + m0;
     decode_tile<T, KIND, NT, ZERO, U, true>(p, v);
   }
 }
@@ -474,15 +516,16 @@ cudaError_t pick_unroll(const Params& p, int experts, int unroll, int kw, int tw
 
 template <typename T, int BITS>
 cudaError_t pick_rest(const Params& p, int experts, int nt, bool zero, int unroll, int kw, int tw, cudaStream_t s) {
-  if constexpr (BITS >= 40) {  // e2m1 has no zero points
+  // e4m3 and e2m1 have no zero points (the else keeps their ZERO kernels from being instantiated at all)
+  if constexpr (BITS >= 18) {
     if (nt == 1) return pick_unroll<T, BITS, 1, false>(p, experts, unroll, kw, tw, s);
     if (nt == 2) return pick_unroll<T, BITS, 2, false>(p, experts, unroll, kw, tw, s);
-    return cudaErrorInvalidValue;
+  } else {
+    if (nt == 1) return zero ? pick_unroll<T, BITS, 1, true>(p, experts, unroll, kw, tw, s)
+                             : pick_unroll<T, BITS, 1, false>(p, experts, unroll, kw, tw, s);
+    if (nt == 2) return zero ? pick_unroll<T, BITS, 2, true>(p, experts, unroll, kw, tw, s)
+                             : pick_unroll<T, BITS, 2, false>(p, experts, unroll, kw, tw, s);
   }
-  if (nt == 1) return zero ? pick_unroll<T, BITS, 1, true>(p, experts, unroll, kw, tw, s)
-                           : pick_unroll<T, BITS, 1, false>(p, experts, unroll, kw, tw, s);
-  if (nt == 2) return zero ? pick_unroll<T, BITS, 2, true>(p, experts, unroll, kw, tw, s)
-                           : pick_unroll<T, BITS, 2, false>(p, experts, unroll, kw, tw, s);
   return cudaErrorInvalidValue;
 }
 
@@ -490,31 +533,42 @@ cudaError_t pick_rest(const Params& p, int experts, int nt, bool zero, int unrol
 
 extern "C" {
 
-int ht_decode_mma_abi() { return 3; }
+int ht_decode_mma_abi() { return 4; }
 
-// dtype: 0 fp16, 1 bf16; bits: 4, 8, 40 (e2m1 + e8m0), 41 (e2m1 + e4m3).  Returns a cudaError_t (0: launched).
+// dtype (the activations'): 0 fp16, 1 bf16; bias_dtype / out_dtype: 0 fp16, 1 bf16, 2 fp32; bits: 4, 8, 18 (e4m3,
+// fp16 activations, sm_89+), 40 (e2m1 + e8m0), 41 (e2m1 + e4m3).  row_scales: null, or [M] fp32 multiplying the
+// rows of the result (dense launches; grouped: [rows] of x).  Returns a cudaError_t (0: launched).
 // device: the CUDA device of every pointer and of stream (this library's runtime keeps its own current device).
 // Grouped (MoE): offsets [experts + 1] (int32, or int64 when offsets_i64) of x / y rows per expert, every weight
 // array expert-major; M is then the rows per pass (8: one token tile, 16: two), any number of rows per expert.
 int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int kw, int tw, const void* w,
-                  const void* x, const void* scales, const void* zeros, const void* fp4_scales, const void* bias, int bias_f32, void* y,
-                  int out_f32, int M, int N, int K, int ldx, int ldy, int group_chunks, int groups,
-                  int chunks_per_warp, float out_scale, const void* offsets, int offsets_i64, int experts,
-                  const float* out_scales, void* stream) {
+                  const void* x, const void* scales, const void* zeros, const void* fp4_scales, const void* bias,
+                  int bias_dtype, void* y, int out_dtype, int M, int N, int K, int ldx, int ldy, int group_chunks,
+                  int groups, int chunks_per_warp, float out_scale, const float* row_scales, const void* offsets,
+                  int offsets_i64, int experts, const float* out_scales, void* stream) {
   if (M < 1 || (offsets == nullptr && M > 16) || kw < 1 || tw < 1 || 32 * kw * tw > 512 || experts < 1)
     return cudaErrorInvalidValue;  // grouped launches: M is the rows per pass (8 or 16)
   if (bits >= 40 && (dtype != 1 || zero)) return cudaErrorInvalidValue;  // e2m1: bf16 activations, no zero point
+  if (bits == 18 && (dtype != 0 || zero)) return cudaErrorInvalidValue;  // e4m3: fp16 activations, no zero point
+  if (bias_dtype < 0 || bias_dtype > 2 || out_dtype < 0 || out_dtype > 2) return cudaErrorInvalidValue;
   cudaError_t err = cudaSetDevice(device);
   if (err != cudaSuccess) return err;
+  if (bits == 18) {  // cvt.rn.f16x2.e4m3x2 is sm_89+
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    if (major * 10 + minor < 89) return cudaErrorNotSupported;
+  }
   Params p{static_cast<const uint4*>(w), x, static_cast<const float2*>(scales), static_cast<const float2*>(zeros),
            static_cast<const uint16_t*>(fp4_scales), bias, y, M, N, K, ldx, ldy, (K + 63) / 64, group_chunks, groups,
-           chunks_per_warp, out_scale, bias_f32, out_f32, offsets, offsets_i64, out_scales};
+           chunks_per_warp, out_scale, row_scales, bias_dtype, out_dtype, offsets, offsets_i64, out_scales};
   const int nt = M <= 8 ? 1 : 2;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (dtype == 0 && bits == 4) return pick_rest<__half, 4>(p, experts, nt, zero, unroll, kw, tw, s);
   if (dtype == 0 && bits == 8) return pick_rest<__half, 8>(p, experts, nt, zero, unroll, kw, tw, s);
   if (dtype == 1 && bits == 4) return pick_rest<__nv_bfloat16, 4>(p, experts, nt, zero, unroll, kw, tw, s);
   if (dtype == 1 && bits == 8) return pick_rest<__nv_bfloat16, 8>(p, experts, nt, zero, unroll, kw, tw, s);
+  if (dtype == 0 && bits == 18) return pick_rest<__half, 18>(p, experts, nt, false, unroll, kw, tw, s);
   if (dtype == 1 && bits == 40) return pick_rest<__nv_bfloat16, 40>(p, experts, nt, false, unroll, kw, tw, s);
   if (dtype == 1 && bits == 41) return pick_rest<__nv_bfloat16, 41>(p, experts, nt, false, unroll, kw, tw, s);
   return cudaErrorInvalidValue;

@@ -72,11 +72,13 @@ def block_scale(a, gs, QMAX: tl.constexpr, SCALE_KIND: tl.constexpr):
 @triton.jit
 def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_cm, stride_sm,
                      KIND: tl.constexpr, SCALE_KIND: tl.constexpr, GROUP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SCALE_VALUES: tl.constexpr):
+                     SCALE_VALUES: tl.constexpr, CODE_VALUES: tl.constexpr = False):
     """Program (row, group): GROUP_K columns of one row (the whole row for per-token, walked BLOCK_K at a time).
     KIND 1 e4m3 / 2 int8 / 3 e2m1; SCALE_KIND 0 fp32, 1 e8m0 (e2m1 or e4m3 codes), 2 e4m3 times the global at
     gs_ptr (e2m1 codes).  SCALE_VALUES: store an e8m0 scale's value as fp32 instead of its code (for tile loops
-    that multiply fp32 scales into partial products; the value is exact)."""
+    that multiply fp32 scales into partial products; the value is exact).  CODE_VALUES (e4m3 / int8): store each
+    code's value in the 16-bit float type of ``codes_ptr`` instead of its byte -- exact (e4m3 and int8 are subsets
+    of fp16 and of bf16), for the 16-bit MMA kernels that run on the codes (``cutlass_ext.decode_mma``)."""
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     k_begin = g * GROUP_K
@@ -119,10 +121,16 @@ def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_
             c = round_to_e2m1(q).to(tl.uint8)
         elif KIND == 1:
             c = round_to_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0)).to(tl.float32)
-            c = c.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+            if CODE_VALUES:
+                c = c.to(codes_ptr.dtype.element_ty)
+            else:
+                c = c.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         else:  # int8: 1.5 * 2**52 rounds to an integer, ties to even; saturate to [-128, 127]
-            r = (q + 6755399441055744.0) - 6755399441055744.0
-            c = tl.minimum(tl.maximum(r, -128.0), 127.0).to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True)
+            r = tl.minimum(tl.maximum((q + 6755399441055744.0) - 6755399441055744.0, -128.0), 127.0)
+            if CODE_VALUES:
+                c = r.to(tl.float32).to(codes_ptr.dtype.element_ty)
+            else:
+                c = r.to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True)
         tl.store(codes_ptr + row * stride_cm + offs, c, mask=offs < K)
 
 

@@ -115,6 +115,25 @@ def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: to
     return QuantActivation(codes, scales, spec, gscale)
 
 
+def quantize_activation_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` -> (its dynamic per-token e4m3 / int8 codes as ``dtype`` values [M, K], fp32 scales [M]): the
+    codes ``triton_quantize_activation`` makes (the same kernel), stored as 16-bit floats for the MMA kernels that
+    multiply them in fp16 / bf16 (exact: e4m3 and int8 are subsets of both)."""
+    if str(spec.dtype) not in ("e4m3fn", "int8") or str(spec.scale_dtype) != "fp32" or not spec.per_token \
+            or spec.group_k or spec.static or spec.global_scale:
+        raise ValueError(f"code values are made for dynamic per-token e4m3 / int8 activations, not {spec}")
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"code values are fp16 / bf16, not {dtype}")
+    m, k = x2.shape
+    values = torch.empty(m, k, dtype=dtype, device=x2.device)
+    scales = torch.empty(m, 1, dtype=torch.float32, device=x2.device)
+    if m:
+        act_quant_kernel[(m, 1)](x2, values, scales, scales, k, x2.stride(0), values.stride(0), scales.stride(0),
+                                 KIND=ACT_KINDS[str(spec.dtype)], SCALE_KIND=0, GROUP_K=k,
+                                 BLOCK_K=min(1024, triton.next_power_of_2(k)), SCALE_VALUES=False, CODE_VALUES=True)
+    return values, scales.view(m)
+
+
 GLOBAL_SCALE_BLOCK = 4096
 
 

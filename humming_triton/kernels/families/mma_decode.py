@@ -21,6 +21,12 @@ _TWO_TILES = [(4, 4, 1), (8, 1, 1), (4, 1, 1), (8, 2, 1), (16, 1, 1), (4, 2, 1),
               (4, 2, 2)]
 
 
+def decode_grid(family: str, m: int) -> list[KernelConfig]:
+    """The configs worth timing at ``m`` rows (block_n: 16 rows per tile-warp; split_k: warps splitting K)."""
+    grid = _ONE_TILE if m <= 8 else _TWO_TILES
+    return [KernelConfig(family, 16, 16 * tw, 64, kw, 8, kw * tw, u) for kw, tw, u in grid]
+
+
 def packed_view(qw):
     """The kernel's layout of ``qw`` (cutlass_ext.decode_mma.repack), made once and cached on the weight."""
     from cutlass_ext.decode_mma import repack
@@ -48,8 +54,7 @@ class MMADecode(Family):
         return "fp16" if call.dtype == torch.float16 else "bf16"
 
     def candidates(self, call: Call) -> list[KernelConfig]:
-        grid = _ONE_TILE if call.m <= 8 else _TWO_TILES
-        return [KernelConfig("mma_decode", 16, 16 * tw, 64, kw, 8, kw * tw, u) for kw, tw, u in grid]
+        return decode_grid(self.name, call.m)
 
     def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
         from cutlass_ext.decode_mma import run
@@ -59,7 +64,7 @@ class MMADecode(Family):
             return y
         if x2.stride(0) % 8 or x2.data_ptr() % 16:  # the kernel loads 16-byte vectors of x
             x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
-        target = y if y.dtype in (x2.dtype, torch.float32) and y.stride(-1) == 1 else \
+        target = y if y.dtype in (torch.float16, torch.bfloat16, torch.float32) and y.stride(-1) == 1 else \
             torch.empty(m, n, dtype=torch.float32, device=x2.device)
         run(x2, packed_view(qw), bias, target, kw=cfg.split_k, tw=cfg.block_n // 16, unroll=cfg.num_stages)
         if target is not y:

@@ -57,7 +57,7 @@ class MMADecodeGrouped(Family):
         if x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
             x = x.contiguous() if not x.is_contiguous() else x.clone()
         bias = qw.bias if bias is None else bias
-        target = y if y.dtype in (x.dtype, torch.float32) and y.stride(-1) == 1 else \
+        target = y if y.dtype in (torch.float16, torch.bfloat16, torch.float32) and y.stride(-1) == 1 else \
             torch.empty(t, n, dtype=torch.float32, device=x.device)
         run_grouped(x, packed_experts(qw), offsets, bias, target, kw=cfg.split_k, tw=cfg.block_n // 16,
                     unroll=cfg.num_stages, rows_per_pass=cfg.block_m)

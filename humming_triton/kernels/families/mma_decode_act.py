@@ -1,0 +1,78 @@
+"""``mma_decode_act``: the quantized-activation schemes (W8A8 / W4A8 with dynamic per-token e4m3 or int8
+activations) at decode sizes, M <= 16, on the native decode GEMM of ``mma_decode``.
+
+One Triton launch quantizes the activations to their codes, stored as 16-bit values (exact: e4m3 and int8 are
+subsets of fp16 and bf16); the decode kernel multiplies them by the weight's codes on fp16 / bf16 tensor cores
+and applies the per-token scale to each output row.  The products are the ones an fp8 / int8 MMA makes, the sums
+are fp32 with no fast-accumulation truncation, so the result is at least as accurate as ``torch._scaled_mm`` on
+the same codes.  Why: at decode the weight stream sets the time, and this kernel streams it faster than the fp8
+GEMMs (cuBLASLt's fp8 GEMM takes longer at M = 1 than bf16 does).  Backend ``cuda``; ``auto`` runs it only where
+the device's measured table says it is fastest."""
+from __future__ import annotations
+
+import torch
+
+from ...calls import Call, KernelConfig
+from . import Family, register
+from .mma_decode import MAX_M, decode_grid, packed_view
+
+
+def code_dtype(scheme) -> torch.dtype:
+    """The 16-bit type the activation codes travel in: bf16 for e2m1 weights (the kernel's e2m1 decode is bf16),
+    fp16 otherwise (e4m3 weights convert to fp16 in one instruction; integer weights decode cheapest in fp16)."""
+    return torch.bfloat16 if str(scheme.weight) == "e2m1" else torch.float16
+
+
+def act_reason(act) -> str | None:
+    """Why these activations cannot run as code values with a per-row scale (None if they can)."""
+    if act is None:
+        return "16-bit activations (mma_decode runs them)"
+    if str(act.dtype) not in ("e4m3fn", "int8") or str(act.scale_dtype) != "fp32" or not act.per_token \
+            or act.group_k or act.static or act.global_scale:
+        return f"{act} activations (dynamic per-token e4m3 / int8 only: the scale must factor out of each row)"
+    return None
+
+
+class MMADecodeAct(Family):
+    name = "mma_decode_act"
+    backend = "cuda"
+
+    def reason(self, call: Call) -> str | None:
+        from cutlass_ext.decode_mma import weight_reason
+        if call.op != "quant_linear" or call.experts:
+            return "the native decode kernel runs dense linear layers"
+        why = act_reason(call.scheme.act)
+        if why:
+            return f"{call.scheme.name}: {why}"
+        if call.m > MAX_M:
+            return f"M={call.m} (the native decode kernel takes M <= {MAX_M})"
+        if call.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            return f"{call.dtype} activations (fp16 / bf16 / fp32 only)"
+        return weight_reason(call.scheme, call.n, call.k, code_dtype(call.scheme), act_codes=True)
+
+    def mma(self, call: Call) -> str:
+        if str(call.scheme.weight) == "e4m3fn":
+            return "fp8"  # cvt.rn.f16x2.e4m3x2 exists from SM 8.9, with the fp8 MMA
+        return "bf16" if code_dtype(call.scheme) == torch.bfloat16 else "fp16"
+
+    def candidates(self, call: Call) -> list[KernelConfig]:
+        return decode_grid(self.name, call.m)
+
+    def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
+        from cutlass_ext.decode_mma import run
+        from ..dense import quantize_activation_values
+        m, n = x2.shape[0], qw.N
+        y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x2.device)
+        if m == 0:
+            return y
+        codes, scales = quantize_activation_values(x2, qw.scheme.act, code_dtype(qw.scheme))
+        target = y if y.dtype in (torch.float16, torch.bfloat16, torch.float32) and y.stride(-1) == 1 else \
+            torch.empty(m, n, dtype=torch.float32, device=x2.device)
+        run(codes, packed_view(qw), bias, target, kw=cfg.split_k, tw=cfg.block_n // 16, unroll=cfg.num_stages,
+            row_scales=scales)
+        if target is not y:
+            y.copy_(target)
+        return y
+
+
+register(MMADecodeAct())

@@ -1,0 +1,208 @@
+"""Quantized-activation schemes at decode sizes on the native decode GEMM (family ``mma_decode_act``): the
+activation codes as 16-bit values, the weight's codes, fp32 sums, the per-token scale on each output row.
+
+CPU: the quantizer's code values are the reference quantizer's codes exactly, and the kernel's arithmetic replayed
+from the repacked weight (``decode_mma.emulate``) times the row scales equals the reference on odd shapes.
+GPU (``-m gpu``): the kernel against the reference for every candidate config, M = 1..16, poisoned outputs, NaN
+rows; and the fp8 accuracy standard -- no less accurate than ``torch._scaled_mm`` (fast accumulation off) on the
+same codes.
+"""
+import pytest
+import torch
+
+import humming_triton as ht
+from cutlass_ext import decode_mma as dm
+from humming_triton.formats.activation import QuantActivation
+from humming_triton.kernels.dense import quantize_activation_values
+from humming_triton.kernels.families.mma_decode_act import code_dtype
+from humming_triton.testing import FP8_STANDARD_FACTOR, assert_linear_close, poison_like
+
+SCHEMES = ["w8a8-fp8", "w8a8-int8", "w4a8-fp8", "w4a8-int8", "w4a8-mxfp4",
+           "weight=int4,scale=bf16:g64,act=int8/fp32:token", "weight=e4m3fn,scale=fp16:g128,act=e4m3fn/fp32:token"]
+SHAPES = [(37, 512), (100, 1280)]  # odd N (a partial 16-row tile), K a multiple of every group
+
+
+def _weight(scheme, n, k, rng):
+    return ht.quantize_weight(torch.randn(n, k, generator=rng) * 0.05, scheme, bias=torch.randn(n, generator=rng))
+
+
+def _x(m, k, rng, dtype=torch.float32):
+    x = torch.randn(m, k, generator=rng) * 3
+    if m > 2:
+        x[1] = 0  # an all-zero row: scale 1, zero codes
+        x[2, :5] = torch.tensor([1e-6, -2e-3, 448.0, -600.0, 1e4])  # saturating and tiny values
+    return x.to(dtype)
+
+
+def _dequantized(values, scales, spec):
+    """The activation the GEMM multiplies: code values times the per-token scale (float64)."""
+    return values.double() * scales.double()[:, None]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("act", ["e4m3fn/fp32:token", "int8/fp32:token"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_code_values_are_the_reference_codes(act, dtype, rng):
+    spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
+    x = _x(9, 640, rng, torch.float16)
+    x[4, 100] = float("nan")  # a NaN row: NaN scale, zero codes (formats/activation.py)
+    x[5, 7] = float("inf")
+    values, scales = quantize_activation_values(x, spec, dtype)
+    ref = ht.quantize_activation(x, spec)
+    assert values.dtype == dtype and scales.shape == (9,)
+    assert torch.equal(values.float(), ref.values()), "the code values differ from the reference codes"
+    assert torch.equal(scales.nan_to_num(-1.0), ref.scales.view(9).nan_to_num(-1.0))  # NaN where the reference's is
+    assert scales[4].isnan() and scales[5].isnan() and not values[4:6].any()
+
+
+@pytest.mark.parametrize("spec", ["e4m3fn/fp32:g128", "int8/fp32:tensor", "e2m1/e8m0:g32", "e4m3fn/fp32:token:static"])
+def test_code_values_refuse_what_does_not_factor(spec):
+    act = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={spec}").act
+    with pytest.raises(ValueError, match="per-token"):
+        quantize_activation_values(torch.zeros(2, 256), act, torch.float16)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_emulated_path_matches_reference(scheme, shape, rng):
+    qw = _weight(scheme, *shape, rng)
+    p = dm.repack(qw)
+    w_hat = ht.dequantize_weight(qw)
+    for m in (1, 7, 16):
+        x = _x(m, shape[1], rng)
+        values, scales = quantize_activation_values(x, qw.scheme.act, code_dtype(qw.scheme))
+        got = dm.emulate(values, p) * scales.double()[:, None] + qw.bias.double()
+        x_hat = _dequantized(values, scales, qw.scheme.act)
+        ref = x_hat @ w_hat.double().T + qw.bias.double()
+        assert_linear_close(got, ref, x_hat, w_hat, torch.float32, f"{scheme} {shape} M={m}")
+        # and against the reference's own quantization end to end (the codes are the same)
+        full = ht.reference_linear(x, qw, out_dtype=torch.float32).double()
+        assert_linear_close(got, full, x_hat, w_hat, torch.float32, f"{scheme} {shape} M={m} end to end")
+
+
+def test_family_reasons_and_mma_kinds():
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    fam = families.get("mma_decode_act")
+    assert fam.backend == "cuda" and fam.op == "quant_linear"
+
+    def call(scheme, m=4, dtype=torch.bfloat16, n=4096, k=4096):
+        return Call("quant_linear", ht.QuantScheme.parse(scheme), dtype, m, n, k)
+
+    for scheme, kind in [("w8a8-fp8", "fp8"), ("w8a8-int8", "fp16"), ("w4a8-fp8", "fp16"), ("w4a8-mxfp4", "bf16")]:
+        assert fam.reason(call(scheme)) is None, scheme
+        assert fam.mma(call(scheme)) == kind, scheme
+    assert fam.reason(call("w8a8-fp8", dtype=torch.float16)) is None  # the codes' type is the family's choice
+    assert "M=17" in fam.reason(call("w8a8-fp8", m=17))
+    assert "per-token" in fam.reason(call("w8a8-fp8-block"))
+    assert "per-token" in fam.reason(call("w4a4-mxfp4"))
+    assert "16-bit activations" in fam.reason(call("w4a16"))
+    assert "scale group 32" in fam.reason(call("weight=int4,scale=fp16:g32,act=int8/fp32:token"))
+    cands = fam.candidates(call("w8a8-fp8"))
+    assert cands and all(c.family == "mma_decode_act" and c.num_warps * 32 <= 512 for c in cands)
+
+
+# ---- the kernel on the GPU ------------------------------------------------------------------------------------
+
+def _gpu_family():
+    from cutlass_ext import native
+    from humming_triton.kernels import families
+    if native.unavailable():
+        pytest.fail(native.unavailable())  # asked for GPU tests: a missing build is a failure, not a skip
+    return families.get("mma_decode_act")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_kernel_matches_reference(scheme, shape, dtype, rng):
+    from humming_triton.calls import Call
+    fam = _gpu_family()
+    n, k = shape
+    qw = _weight(scheme, n, k, rng).to("cuda")
+    qc = qw.to("cpu")
+    w_hat = ht.dequantize_weight(qc)
+    for m in (1, 2, 5, 8, 9, 16):
+        x = _x(m, k, rng, dtype)
+        q = ht.quantize_activation(x, qw.scheme.act)  # the same codes the kernel's quantizer makes (CPU test)
+        x_hat = ht.dequantize_activation(q).double()
+        ref = x_hat @ w_hat.double().T + qc.bias.double()
+        call = Call("quant_linear", qw.scheme, dtype, m, n, k)
+        assert fam.reason(call) is None
+        for cfg in fam.candidates(call):
+            out = poison_like(torch.empty(m, n, dtype=dtype, device="cuda"))
+            y = fam.run(x.cuda(), x.cuda(), qw, qw.bias, dtype, cfg, out)
+            assert y.data_ptr() == out.data_ptr()
+            assert_linear_close(y.cpu(), ref, x_hat, w_hat, torch.float32, f"{scheme} {shape} M={m} {cfg.describe()}")
+        out = poison_like(torch.empty(m, n, dtype=torch.float32, device="cuda"))  # fp32 output
+        y = fam.run(x.cuda(), x.cuda(), qw, qw.bias, torch.float32, fam.candidates(call)[0], out)
+        assert_linear_close(y.cpu(), ref, x_hat, w_hat, torch.float32, f"{scheme} {shape} fp32 out M={m}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["w8a8-fp8", "w4a8-int8", "w4a8-mxfp4"])
+def test_non_finite_rows_stay_in_their_row(scheme, rng):
+    fam = _gpu_family()
+    from humming_triton.calls import Call
+    qw = _weight(scheme, 64, 512, rng).to("cuda")
+    x = _x(4, 512, rng, torch.bfloat16)
+    x[1, 3], x[2, 9] = float("nan"), float("inf")
+    call = Call("quant_linear", qw.scheme, torch.bfloat16, 4, 64, 512)
+    y = fam.run(x.cuda(), x.cuda(), qw, qw.bias, torch.bfloat16, fam.candidates(call)[0], None).cpu()
+    assert y[1].isnan().all() and y[2].isnan().all()  # NaN stays NaN, inf becomes NaN (formats/activation.py)
+    assert torch.isfinite(y[[0, 3]]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_fp8_no_less_accurate_than_scaled_mm(m, rng):
+    """The project's fp8 standard: torch._scaled_mm, fast accumulation off, on the very same codes and scales;
+    both against float64 of those codes.  K = 8192 makes the accumulation error visible."""
+    from humming_triton.calls import Call
+    fam = _gpu_family()
+    n, k = 1024, 8192
+    qw = _weight("w8a8-fp8", n, k, rng).to("cuda")
+    x = _x(m, k, rng, torch.bfloat16).cuda()
+    q = ht.quantize_activation(x.cpu(), qw.scheme.act)
+    exact = (ht.dequantize_activation(q).double() @ ht.dequantize_weight(qw.to("cpu")).double().T).cuda()
+    call = Call("quant_linear", qw.scheme, torch.bfloat16, m, n, k)
+    ours = fam.run(x, x, qw, None, torch.float32, fam.candidates(call)[0],
+                   torch.empty(m, n, dtype=torch.float32, device="cuda"))
+    pad = max(16, m)  # cuBLASLt's fp8 GEMM wants M in multiples of 16
+    codes = torch.zeros(pad, k, dtype=torch.uint8)
+    codes[:m] = q.codes
+    sa = torch.ones(pad, 1)
+    sa[:m] = q.scales
+    theirs = torch._scaled_mm(codes.cuda().view(torch.float8_e4m3fn), qw.data.view(torch.uint8).view(
+        torch.float8_e4m3fn).t(), scale_a=sa.cuda(), scale_b=qw.scales.reshape(1, -1).float(),
+        out_dtype=torch.float32, use_fast_accum=False)[:m]
+    err = lambda y: ((y.double() - exact).norm() / exact.norm()).item()  # noqa: E731
+    assert err(ours) <= FP8_STANDARD_FACTOR * err(theirs), (err(ours), err(theirs))
+
+
+@pytest.mark.gpu
+def test_through_the_op_and_graph_replay(rng):
+    _gpu_family()
+    qw = _weight("w8a8-fp8", 4096, 2048, rng).to("cuda")
+    x = torch.randn(3, 2048, generator=rng).to(torch.bfloat16).cuda()
+
+    def check(y, what):
+        q = ht.quantize_activation(x.cpu(), qw.scheme.act)
+        x_hat = ht.dequantize_activation(QuantActivation(q.codes, q.scales, q.spec)).double()
+        w_hat = ht.dequantize_weight(qw.to("cpu"))
+        ref = x_hat @ w_hat.double().T
+        assert_linear_close(y.cpu(), ref, x_hat, w_hat, torch.float32, what)
+
+    from humming_triton import dispatch
+    y = ht.quant_linear(x, qw, backend="cuda")
+    assert dispatch.last_plan().startswith("cuda/mma_decode_act"), dispatch.last_plan()
+    check(y, "op")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        yg = ht.quant_linear(x, qw, backend="cuda")
+    x.copy_(torch.randn(3, 2048, generator=rng).to(torch.bfloat16))
+    g.replay()
+    torch.cuda.synchronize()
+    check(yg, "graph")
