@@ -77,7 +77,11 @@ def suite_cases(suite: str) -> list:
                 # long N, short K -- few K iterations per output, the opposite aspect of 4096x14336
                 + _dense(["w4a16"], [(14336, 4096), (28672, 4096)], DECODE_M)
                 + _dense(["w4a4-mxfp4", "w4a4-nvfp4"], [(8192, 8192)], FORMAT_M))
+    if suite == "act":
+        # every activation-quantized scheme of the FP8 / INT8 issue at its M points (the headline holds two of them)
+        return _dense(["w8a8-fp8", "w8a8-fp8-block", "w8a8-int8", "w4a8-fp8", "w4a8-int8", "w4a8-mxfp4"],
+                      [(8192, 8192)], FORMAT_M)
     if suite == "interpret":
         # tiny: the Triton interpreter runs every program instance in Python
         return [DenseCase("w4a16", 64, 256, 3), DenseCase("w8a16", 48, 128, 5), DenseCase("mxfp4", 32, 128, 2)]
-    raise ValueError(f"unknown suite {suite!r}; expected headline, decode, full or interpret")
+    raise ValueError(f"unknown suite {suite!r}; expected headline, decode, act, full or interpret")

@@ -58,8 +58,6 @@ def weight_reason(scheme, n: int, k: int, dtype=None, act_codes: bool = False) -
         return "float zero points (128 + z must be exact in the 16-bit activation type)"
     if not isinstance(sc.dtype, WideFloat) or sc.global_scale:
         return f"{sc.dtype} scales (the native decode kernel takes fp16 / bf16 / fp32 scales)"
-    if (sc.block_n or n) != 1:
-        return f"scale blocks of {sc.block_n} rows (one scale per row and group only)"
     gk = scheme.group_k(k)
     if gk != k and gk % CHUNK:
         return f"scale group {gk} (groups of a multiple of {CHUNK} only, or one per row)"
@@ -143,8 +141,11 @@ def _pairs(t: torch.Tensor, tiles: int) -> torch.Tensor:
 _TILES_PER_STEP = 256  # repack this many 16-row tiles at a time (bounds the int64 temporaries)
 
 
-def repack(qw) -> Packed:
-    """The kernel's layout of a 2-D canonical QuantWeight, made on the weight's device (once per weight)."""
+def repack(qw, group_k: int | None = None) -> Packed:
+    """The kernel's layout of a 2-D canonical QuantWeight, made on the weight's device (once per weight).  Scales
+    travel one per row and group of K (2-D blocks repeat over their rows, exactly); ``group_k``: groups of that
+    many K instead of the weight's own (which it must divide, or the weight has one scale per row) -- for
+    activations whose scales change every ``group_k``."""
     from humming_triton.formats.packing import unpack_codes
     from humming_triton.formats.weight import decode_scales
     why = weight_reason(qw.scheme, qw.N, qw.K, act_codes=True)  # the weight alone: the caller feeds activations
@@ -176,11 +177,18 @@ def repack(qw) -> Packed:
                       _fp4_scale_codes(qw, tiles, chunks), float(qw.global_scale) if qw.global_scale is not None
                       else 1.0)
     gk = qw.scheme.group_k(k)
+    rows = decode_scales(qw.scales, qw.scheme).float().repeat_interleave(qw.scheme.group_n(n), 0)[:n]
+    zrows = None if qw.zeros is None else qw.zeros.float().repeat_interleave(qw.scheme.group_n(n), 0)[:n]
+    if group_k is not None and group_k != gk:
+        if gk % group_k or group_k % CHUNK or k % group_k:
+            raise ValueError(f"scale groups of {group_k} do not divide the weight's ({gk}) and K={k} into chunks "
+                             f"of {CHUNK}")
+        rows = rows.repeat_interleave(gk // group_k, 1)
+        zrows = None if zrows is None else zrows.repeat_interleave(gk // group_k, 1)
+        gk = group_k
     groups = 1 if gk == k else k // gk
-    scales = _pairs(decode_scales(qw.scales, qw.scheme).float().reshape(n, groups), tiles)
-    zeros = None
-    if qw.zeros is not None:
-        zeros = _pairs(qw.zeros.float().reshape(n, groups), tiles)
+    scales = _pairs(rows.reshape(n, groups), tiles)
+    zeros = None if zrows is None else _pairs(zrows.reshape(n, groups), tiles)
     return Packed(out, scales, zeros, E4M3 if e4m3 else bits, n, k, 0 if groups == 1 else gk // CHUNK, groups)
 
 
@@ -234,7 +242,7 @@ _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
 _OUT_DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}  # bias / out
 
 
-def _check(x2: torch.Tensor, out: torch.Tensor, kw: int, tw: int, row_scales=None) -> None:
+def _check(x2: torch.Tensor, out: torch.Tensor, kw: int, tw: int, row_scales=None, act_scales=None, p=None) -> None:
     if x2.dtype not in _DTYPES:
         raise TypeError(f"the native decode kernel takes fp16 / bf16 activations, got {x2.dtype}")
     if x2.stride(-1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
@@ -244,11 +252,18 @@ def _check(x2: torch.Tensor, out: torch.Tensor, kw: int, tw: int, row_scales=Non
     if row_scales is not None and (row_scales.dtype != torch.float32 or row_scales.numel() != x2.shape[0]
                                    or not row_scales.is_contiguous() or row_scales.device != x2.device):
         raise ValueError(f"row_scales must be {x2.shape[0]} contiguous fp32 values on {x2.device}")
+    if act_scales is not None:
+        if p.group_chunks == 0 or p.code_bits != 8 or x2.dtype != torch.float16:
+            raise ValueError("act_scales need int8 / e4m3 weights repacked with group scales and fp16 codes")
+        if act_scales.dtype != torch.float32 or act_scales.shape != (x2.shape[0], p.groups) or \
+                not act_scales.is_contiguous() or act_scales.device != x2.device:
+            raise ValueError(f"act_scales must be contiguous fp32 [{x2.shape[0]}, {p.groups}] on {x2.device}")
     if 32 * kw * tw > MAX_THREADS:
         raise ValueError(f"{kw} x {tw} warps exceed {MAX_THREADS} threads per block")
 
 
-def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None, row_scales=None) -> torch.Tensor:
+def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None, row_scales=None,
+            act_scales=None) -> torch.Tensor:
     if bias is not None and bias.dtype not in _OUT_DTYPES:
         bias = bias.float()
     if p.bits == E4M3 and x2.dtype != torch.float16:
@@ -261,7 +276,8 @@ def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None
         None if p.fp4_scales is None else p.fp4_scales.data_ptr(), None if bias is None else bias.data_ptr(),
         _OUT_DTYPES[bias.dtype] if bias is not None else 0, out.data_ptr(), _OUT_DTYPES[out.dtype], m,
         p.n, p.k, x2.stride(0), out.stride(0), p.group_chunks, p.groups, split(p, kw), out_scale * p.out_scale,
-        None if row_scales is None else row_scales.data_ptr(), None if offsets is None else offsets.data_ptr(), int(offsets is not None and offsets.dtype == torch.int64),
+        None if row_scales is None else row_scales.data_ptr(), None if act_scales is None else act_scales.data_ptr(),
+        0 if act_scales is None else act_scales.shape[1], None if offsets is None else offsets.data_ptr(), int(offsets is not None and offsets.dtype == torch.int64),
         max(1, p.experts), None if p.out_scales is None else p.out_scales.data_ptr(),
         current_stream(dev))
     check(err, "the native decode kernel")
@@ -269,17 +285,19 @@ def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None
 
 
 def run(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None, out: torch.Tensor, kw: int = 8, tw: int = 1,
-        unroll: int = 1, out_scale: float = 1.0, row_scales: torch.Tensor | None = None) -> torch.Tensor:
+        unroll: int = 1, out_scale: float = 1.0, row_scales: torch.Tensor | None = None,
+        act_scales: torch.Tensor | None = None) -> torch.Tensor:
     """``out[M, N] = row_scales[:, None] * (x2[M, K] @ W^T) (+ bias)`` on torch's current stream.  ``x2``:
     contiguous rows, fp16 / bf16, 16-byte aligned; ``out``: fp16 / bf16 / fp32, unit column stride;
-    ``row_scales``: fp32 [M] (a per-token activation scale) or None."""
+    ``row_scales``: fp32 [M] (a per-token activation scale) or None; ``act_scales``: fp32 [M, groups], the scale
+    of x2's codes per token and weight scale group (int8 / e4m3 weights, fp16 codes) or None."""
     m = x2.shape[0]
     if not 1 <= m <= MAX_M:
         raise ValueError(f"the native decode kernel takes 1..{MAX_M} rows, got {m}")
     if p.experts:
         raise ValueError("a stacked (expert) view runs through run_grouped")
-    _check(x2, out, kw, tw, row_scales)
-    return _launch(x2, p, bias, out, kw, tw, unroll, m, out_scale, row_scales=row_scales)
+    _check(x2, out, kw, tw, row_scales, act_scales, p)
+    return _launch(x2, p, bias, out, kw, tw, unroll, m, out_scale, row_scales=row_scales, act_scales=act_scales)
 
 
 def run_grouped(x2: torch.Tensor, p: Packed, offsets: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,

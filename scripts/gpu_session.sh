@@ -31,6 +31,7 @@
 #                                                                                          -> e2e.txt, e2e_*.json
 #   bench   the headline benchmark with peers                                              -> bench/ (4 files)
 #   decode  the decode-batch benchmark (M = 1..16) and the W4A4 rows, with peers               -> decode/
+#   act     the activation-quantized suite (W8A8 / W4A8 at 8192², M = 1..4096), with peers         -> act/
 #   invariant ours vs ours in batch-invariant mode, headline dense rows of $INV_SCHEMES (default w4a16,w8a16,mxfp4)
 #           -> invariant/ (the mode's cost, for the README)
 # Failures of every pytest step are appended to gpu_failures.txt as they happen.
@@ -140,6 +141,11 @@ for step in $STEPS; do
         ${PEER_BUDGET_S:+--peer-budget-s $PEER_BUDGET_S} ${DECODE_COMPARE:+--compare "$DECODE_COMPARE"} ${DECODE_ARGS:-} \
         > "$OUT/decode_log.txt" \
         2> "$OUT/decode_stderr.txt" ;;
+    act)     # every activation-quantized scheme at M = 1 / 16 / 256 / 4096 with peers (the FP8 / INT8 issue)
+      stamp act
+      timeout -k 5 ${ACT_BENCH_S:-200} python3 -m benchmarks --suite act --out "$OUT/act" --no-cold-start \
+        ${PEER_BUDGET_S:+--peer-budget-s $PEER_BUDGET_S} ${ACT_COMPARE:+--compare "$ACT_COMPARE"} \
+        > "$OUT/act_log.txt" 2> "$OUT/act_stderr.txt" ;;
     invariant)
       stamp invariant
       timeout -k 5 ${INV_S:-150} python3 -m benchmarks --suite headline --only dense --no-cold-start \

@@ -18,7 +18,10 @@ from humming_triton.kernels.families.mma_decode_act import code_dtype
 from humming_triton.testing import FP8_STANDARD_FACTOR, assert_linear_close, poison_like
 
 SCHEMES = ["w8a8-fp8", "w8a8-int8", "w4a8-fp8", "w4a8-int8", "w4a8-mxfp4",
-           "weight=int4,scale=bf16:g64,act=int8/fp32:token", "weight=e4m3fn,scale=fp16:g128,act=e4m3fn/fp32:token"]
+           "weight=int4,scale=bf16:g64,act=int8/fp32:token", "weight=e4m3fn,scale=fp16:g128,act=e4m3fn/fp32:token",
+           # activation scales per group of K (the kernel scales each group's partial sums)
+           "w8a8-fp8-block", "weight=int8,scale=fp32:channel,act=int8/fp32:g128",
+           "weight=e4m3fn,scale=fp32:g128,act=e4m3fn/fp32:g64"]
 SHAPES = [(37, 512), (100, 1280)]  # odd N (a partial 16-row tile), K a multiple of every group
 
 
@@ -34,31 +37,49 @@ def _x(m, k, rng, dtype=torch.float32):
     return x.to(dtype)
 
 
-def _dequantized(values, scales, spec):
-    """The activation the GEMM multiplies: code values times the per-token scale (float64)."""
-    return values.double() * scales.double()[:, None]
+def _dequantized(values, scales):
+    """The activation the GEMM multiplies: code values times their scale (per token or per group; float64)."""
+    return values.double() * scales.double().repeat_interleave(values.shape[1] // scales.shape[1], 1)
+
+
+def _emulated(values, scales, qw):
+    """The kernel's result from the repacked weight: per-token scales multiply the rows; group scales multiply
+    each group's partial sums (one emulated product per group of K)."""
+    k, groups = values.shape[1], scales.shape[1]
+    if groups == 1:
+        return dm.emulate(values, dm.repack(qw)) * scales.double()
+    p = dm.repack(qw, k // groups)
+    g = k // groups
+    y = 0
+    for i in range(groups):
+        part = torch.zeros_like(values)
+        part[:, i * g:(i + 1) * g] = values[:, i * g:(i + 1) * g]
+        y = y + dm.emulate(part, p) * scales[:, i:i + 1].double()
+    return y
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("act", ["e4m3fn/fp32:token", "int8/fp32:token"])
+@pytest.mark.parametrize("act", ["e4m3fn/fp32:token", "int8/fp32:token", "e4m3fn/fp32:g128", "int8/fp32:g64"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_code_values_are_the_reference_codes(act, dtype, rng):
     spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
     x = _x(9, 640, rng, torch.float16)
-    x[4, 100] = float("nan")  # a NaN row: NaN scale, zero codes (formats/activation.py)
+    x[4, 100] = float("nan")  # a NaN row / group: NaN scale, zero codes (formats/activation.py)
     x[5, 7] = float("inf")
     values, scales = quantize_activation_values(x, spec, dtype)
     ref = ht.quantize_activation(x, spec)
-    assert values.dtype == dtype and scales.shape == (9,)
+    assert values.dtype == dtype and scales.shape == ref.scales.shape == (9, 640 // (spec.group_k or 640))
     assert torch.equal(values.float(), ref.values()), "the code values differ from the reference codes"
-    assert torch.equal(scales.nan_to_num(-1.0), ref.scales.view(9).nan_to_num(-1.0))  # NaN where the reference's is
-    assert scales[4].isnan() and scales[5].isnan() and not values[4:6].any()
+    assert torch.equal(scales.nan_to_num(-1.0), ref.scales.nan_to_num(-1.0))  # NaN exactly where the reference's is
+    g = spec.group_k or 640
+    for r, c in ((4, 100), (5, 7)):  # the group holding the NaN / inf: NaN scale, zero codes
+        assert scales[r, c // g].isnan() and not values[r, c // g * g:(c // g + 1) * g].any()
 
 
-@pytest.mark.parametrize("spec", ["e4m3fn/fp32:g128", "int8/fp32:tensor", "e2m1/e8m0:g32", "e4m3fn/fp32:token:static"])
+@pytest.mark.parametrize("spec", ["int8/fp32:tensor", "e2m1/e8m0:g32", "e4m3fn/fp32:token:static", "e4m3fn/e8m0:g32"])
 def test_code_values_refuse_what_does_not_factor(spec):
     act = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={spec}").act
-    with pytest.raises(ValueError, match="per-token"):
+    with pytest.raises(ValueError, match="per-token or per-group"):
         quantize_activation_values(torch.zeros(2, 256), act, torch.float16)
 
 
@@ -67,13 +88,12 @@ def test_code_values_refuse_what_does_not_factor(spec):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_emulated_path_matches_reference(scheme, shape, rng):
     qw = _weight(scheme, *shape, rng)
-    p = dm.repack(qw)
     w_hat = ht.dequantize_weight(qw)
     for m in (1, 7, 16):
         x = _x(m, shape[1], rng)
         values, scales = quantize_activation_values(x, qw.scheme.act, code_dtype(qw.scheme))
-        got = dm.emulate(values, p) * scales.double()[:, None] + qw.bias.double()
-        x_hat = _dequantized(values, scales, qw.scheme.act)
+        got = _emulated(values, scales, qw) + qw.bias.double()
+        x_hat = _dequantized(values, scales)
         ref = x_hat @ w_hat.double().T + qw.bias.double()
         assert_linear_close(got, ref, x_hat, w_hat, torch.float32, f"{scheme} {shape} M={m}")
         # and against the reference's own quantization end to end (the codes are the same)
@@ -95,8 +115,11 @@ def test_family_reasons_and_mma_kinds():
         assert fam.mma(call(scheme)) == kind, scheme
     assert fam.reason(call("w8a8-fp8", dtype=torch.float16)) is None  # the codes' type is the family's choice
     assert "M=17" in fam.reason(call("w8a8-fp8", m=17))
-    assert "per-token" in fam.reason(call("w8a8-fp8-block"))
-    assert "per-token" in fam.reason(call("w4a4-mxfp4"))
+    assert fam.reason(call("w8a8-fp8-block")) is None and fam.mma(call("w8a8-fp8-block")) == "fp8"
+    assert "per-token or per-group" in fam.reason(call("w4a4-mxfp4"))
+    assert "int8 / e4m3 only" in fam.reason(call("weight=int4,scale=fp16:g128,act=int8/fp32:g128"))
+    assert "activation groups of 32" in fam.reason(call("weight=int8,scale=fp32:channel,act=int8/fp32:g32"))
+    assert "activation groups of 128" in fam.reason(call("weight=int8,scale=fp32:g64,act=int8/fp32:g128"))
     assert "16-bit activations" in fam.reason(call("w4a16"))
     assert "scale group 32" in fam.reason(call("weight=int4,scale=fp16:g32,act=int8/fp32:token"))
     cands = fam.candidates(call("w8a8-fp8"))
@@ -142,7 +165,7 @@ def test_kernel_matches_reference(scheme, shape, dtype, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("scheme", ["w8a8-fp8", "w4a8-int8", "w4a8-mxfp4"])
+@pytest.mark.parametrize("scheme", ["w8a8-fp8", "w4a8-int8", "w4a8-mxfp4", "w8a8-fp8-block"])
 def test_non_finite_rows_stay_in_their_row(scheme, rng):
     fam = _gpu_family()
     from humming_triton.calls import Call

@@ -237,6 +237,8 @@ struct Params {
   int chunks_per_warp;   // a multiple of group_chunks
   float out_scale;       // multiplies the result (a global weight scale), 1 if none
   const float* row_scales;  // [M] or null: multiplies row m of the result (a per-token activation scale)
+  const float* act_scales;  // XG kernels: [M, act_ld] fp32, the activations' scale per token and scale group
+  int act_ld;
   int bias_dtype, out_dtype;  // DT_F16 / DT_BF16 / DT_F32
   // grouped (MoE) launches: grid.y = experts; expert e owns rows offsets[e] <= r < offsets[e + 1] of x and y, and
   // every weight array above holds the experts one after another (bias: [E, N]); null offsets: a dense launch
@@ -249,6 +251,7 @@ struct Params {
 struct View {
   const uint4* w;
   const float* row_scales;
+  const float* act_scales;
   const float2* scales;
   const float2* zeros;
   const uint16_t* fp4_scales;
@@ -259,9 +262,29 @@ struct View {
   float out_scale;
 };
 
+// A scale group's partial sums into acc: times the weight's scales of rows g / g + 8 and, with XG, the activations'
+// scale of each token in that group (the thread's tokens 2t, 2t + 1 of each token tile).
+template <int NT, bool XG>
+__device__ __forceinline__ void fold(float (&acc)[NT][4], const float (&part)[NT][4], float2 s, const View& v,
+                                     int ld, int grp, int t) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    if constexpr (XG) {
+      const int m = 2 * t + 8 * j;
+      const float a0 = m < v.M ? v.act_scales[(size_t)m * ld + grp] : 0.0f;
+      const float a1 = m + 1 < v.M ? v.act_scales[(size_t)(m + 1) * ld + grp] : 0.0f;
+      acc[j][0] += part[j][0] * (s.x * a0), acc[j][1] += part[j][1] * (s.x * a1);
+      acc[j][2] += part[j][2] * (s.y * a0), acc[j][3] += part[j][3] * (s.y * a1);
+    } else {
+      acc[j][0] += part[j][0] * s.x, acc[j][1] += part[j][1] * s.x;
+      acc[j][2] += part[j][2] * s.y, acc[j][3] += part[j][3] * s.y;
+    }
+  }
+}
+
 // KIND: 4 int4, 8 int8 (codes as unsigned offsets, fp32 group scales), 18 e4m3 (fp16 only), 40 e2m1 + e8m0,
-// 41 e2m1 + e4m3 (bf16 only)
-template <typename T, int KIND, int NT, bool ZERO, int U, bool GROUPED>
+// 41 e2m1 + e4m3 (bf16 only).  XG: activation codes with a scale per token and weight scale group (act_scales).
+template <typename T, int KIND, int NT, bool ZERO, int U, bool GROUPED, bool XG = false>
 __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
   constexpr bool FP4 = KIND >= 40;
   constexpr int BITS = FP4 ? 4 : (KIND == 18 ? 8 : KIND);
@@ -281,7 +304,9 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
   const int c0 = kw * p.chunks_per_warp;
   const int c1 = min(p.chunks, c0 + p.chunks_per_warp);
   float2 s_cur = make_float2(1.0f, 1.0f);
-  if (tile < tiles && c0 < c1) {
+  int grp = 0;  // XG: the scale group of part
+  const bool active = tile < tiles && c0 < c1;
+  if (active) {
     const uint4* wp = v.w + (size_t)tile * p.chunks * LOADS * 32 + lane;
     // a token slot past M loads nothing (zeros): measured faster at M = 1 than every lane reading row 0
     const T* xrow[NT];
@@ -343,6 +368,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
     load_x(xb[0]);
 
     int left = channel ? 0x7fffffff : p.group_chunks;  // chunks until the current scale group ends
+    if constexpr (XG) grp = c0 / p.group_chunks;
     for (int c = c0; c < c1; c += U) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -391,12 +417,9 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
           if (U > 1 && cc + U < c1) load_w(wb[u], sb[u]);
           if (--left == 0 && cc + 1 < c1) {  // a group ends: scale its partial sums
             left = p.group_chunks;
+            fold<NT, XG>(acc, part, s_cur, v, p.act_ld, grp++, t);
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-              acc[j][0] += part[j][0] * s_cur.x, acc[j][1] += part[j][1] * s_cur.x;
-              acc[j][2] += part[j][2] * s_cur.y, acc[j][3] += part[j][3] * s_cur.y;
-              part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
-            }
+            for (int j = 0; j < NT; ++j) part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
             sp += 8;
             s_cur = *sp;
             if constexpr (ZERO) {
@@ -409,12 +432,8 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
       }
     }
   }
-  // the last (or only) group's partials
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    acc[j][0] += part[j][0] * s_cur.x, acc[j][1] += part[j][1] * s_cur.x;
-    acc[j][2] += part[j][2] * s_cur.y, acc[j][3] += part[j][3] * s_cur.y;
-  }
+  // the last (or only) group's partials (an idle warp's are zero: XG must not read a group past the last)
+  if (!XG || active) fold<NT, XG>(acc, part, s_cur, v, p.act_ld, grp, t);
   if (KW > 1) {
     float* mine = red + ((size_t)(tw * KW + kw) * 32 + lane) * 4 * NT;
 #pragma unroll
@@ -455,16 +474,17 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 
 // Dense and grouped launches are separate kernels: registers are allocated per kernel, and the grouped pass loop
 // in the dense kernel took it from 64 to the 128 cap (measured: M = 1 rows 17-36 % slower on the H200).
-template <typename T, int KIND, int NT, bool ZERO, int U>
+template <typename T, int KIND, int NT, bool ZERO, int U, bool XG>
 __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
-  const View v{p.w, p.row_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M, p.out_scale};
-  decode_tile<T, KIND, NT, ZERO, U, false>(p, v);
+  const View v{p.w, p.row_scales, p.act_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M,
+               p.out_scale};
+  decode_tile<T, KIND, NT, ZERO, U, false, XG>(p, v);
 }
 
 template <typename T, int KIND, int NT, bool ZERO, int U>
 __global__ void __launch_bounds__(512) decode_mma_grouped_kernel(const Params p) {
   constexpr int LOADS = code_loads(KIND);
-  View v{p.w, p.row_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M, p.out_scale};
+  View v{p.w, p.row_scales, nullptr, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M, p.out_scale};
   const int e = blockIdx.y;
   const long long r0 = p.offsets_i64 ? static_cast<const long long*>(p.offsets)[e]
                                      : static_cast<const int*>(p.offsets)[e];
@@ -489,29 +509,42 @@ __global__ void __launch_bounds__(512) decode_mma_grouped_kernel(const Params p)
   }
 }
 
-template <typename T, int BITS, int NT, bool ZERO, int U>
+template <typename T, int BITS, int NT, bool ZERO, int U, bool XG>
 cudaError_t launch(const Params& p, int experts, int kw, int tw, cudaStream_t stream) {
   const int tiles = (p.N + 15) / 16;
   dim3 block(32, kw, tw), grid((tiles + tw - 1) / tw, experts);
   const size_t smem = kw > 1 ? (size_t)tw * kw * 32 * 4 * NT * sizeof(float) : 0;
-  if (p.offsets == nullptr)
-    decode_mma_kernel<T, BITS, NT, ZERO, U><<<grid, block, smem, stream>>>(p);
-  else
-    decode_mma_grouped_kernel<T, BITS, NT, ZERO, U><<<grid, block, smem, stream>>>(p);
+  if constexpr (XG) {  // dense launches only
+    decode_mma_kernel<T, BITS, NT, ZERO, U, true><<<grid, block, smem, stream>>>(p);
+  } else {
+    if (p.offsets == nullptr)
+      decode_mma_kernel<T, BITS, NT, ZERO, U, false><<<grid, block, smem, stream>>>(p);
+    else
+      decode_mma_grouped_kernel<T, BITS, NT, ZERO, U><<<grid, block, smem, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 
-template <typename T, int BITS, int NT, bool ZERO>
+template <typename T, int BITS, int NT, bool ZERO, bool XG = false>
 cudaError_t pick_unroll(const Params& p, int experts, int unroll, int kw, int tw, cudaStream_t s) {
   switch (unroll) {
-    case 1: return launch<T, BITS, NT, ZERO, 1>(p, experts, kw, tw, s);
-    case 2: return launch<T, BITS, NT, ZERO, 2>(p, experts, kw, tw, s);
-    case 4: return launch<T, BITS, NT, ZERO, 4>(p, experts, kw, tw, s);
+    case 1: return launch<T, BITS, NT, ZERO, 1, XG>(p, experts, kw, tw, s);
+    case 2: return launch<T, BITS, NT, ZERO, 2, XG>(p, experts, kw, tw, s);
+    case 4: return launch<T, BITS, NT, ZERO, 4, XG>(p, experts, kw, tw, s);
     case 8:  // two token tiles with eight chunks in flight: not built (registers)
-      if constexpr (NT == 1) return launch<T, BITS, NT, ZERO, 8>(p, experts, kw, tw, s);
+      if constexpr (NT == 1 && !XG) return launch<T, BITS, NT, ZERO, 8, XG>(p, experts, kw, tw, s);
       return cudaErrorInvalidValue;
     default: return cudaErrorInvalidValue;
   }
+}
+
+// Activation codes with group scales (XG): e4m3 and int8 weights with fp16 codes (W8A8 with g<K> activation
+// scales), dense launches, one or two token tiles.
+template <int BITS>
+cudaError_t pick_act_groups(const Params& p, int nt, int unroll, int kw, int tw, cudaStream_t s) {
+  if (nt == 1) return pick_unroll<__half, BITS, 1, false, true>(p, 1, unroll, kw, tw, s);
+  if (nt == 2) return pick_unroll<__half, BITS, 2, false, true>(p, 1, unroll, kw, tw, s);
+  return cudaErrorInvalidValue;
 }
 
 template <typename T, int BITS>
@@ -537,20 +570,26 @@ int ht_decode_mma_abi() { return 4; }
 
 // dtype (the activations'): 0 fp16, 1 bf16; bias_dtype / out_dtype: 0 fp16, 1 bf16, 2 fp32; bits: 4, 8, 18 (e4m3,
 // fp16 activations, sm_89+), 40 (e2m1 + e8m0), 41 (e2m1 + e4m3).  row_scales: null, or [M] fp32 multiplying the
-// rows of the result (dense launches; grouped: [rows] of x).  Returns a cudaError_t (0: launched).
+// rows of the result (dense launches; grouped: [rows] of x).  act_scales: null, or [M, act_ld] fp32 scales of
+// activation codes per token and weight scale group (dense, fp16, int8 / e4m3 weights with group scales).
+// Returns a cudaError_t (0: launched).
 // device: the CUDA device of every pointer and of stream (this library's runtime keeps its own current device).
 // Grouped (MoE): offsets [experts + 1] (int32, or int64 when offsets_i64) of x / y rows per expert, every weight
 // array expert-major; M is then the rows per pass (8: one token tile, 16: two), any number of rows per expert.
 int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int kw, int tw, const void* w,
                   const void* x, const void* scales, const void* zeros, const void* fp4_scales, const void* bias,
                   int bias_dtype, void* y, int out_dtype, int M, int N, int K, int ldx, int ldy, int group_chunks,
-                  int groups, int chunks_per_warp, float out_scale, const float* row_scales, const void* offsets,
-                  int offsets_i64, int experts, const float* out_scales, void* stream) {
+                  int groups, int chunks_per_warp, float out_scale, const float* row_scales,
+                  const float* act_scales, int act_ld, const void* offsets, int offsets_i64, int experts,
+                  const float* out_scales, void* stream) {
   if (M < 1 || (offsets == nullptr && M > 16) || kw < 1 || tw < 1 || 32 * kw * tw > 512 || experts < 1)
     return cudaErrorInvalidValue;  // grouped launches: M is the rows per pass (8 or 16)
   if (bits >= 40 && (dtype != 1 || zero)) return cudaErrorInvalidValue;  // e2m1: bf16 activations, no zero point
   if (bits == 18 && (dtype != 0 || zero)) return cudaErrorInvalidValue;  // e4m3: fp16 activations, no zero point
   if (bias_dtype < 0 || bias_dtype > 2 || out_dtype < 0 || out_dtype > 2) return cudaErrorInvalidValue;
+  if (act_scales != nullptr && (offsets != nullptr || dtype != 0 || zero || (bits != 8 && bits != 18) ||
+                                group_chunks < 1 || act_ld < groups))
+    return cudaErrorInvalidValue;  // group scales of activation codes: dense, fp16, int8 / e4m3, grouped weight
   cudaError_t err = cudaSetDevice(device);
   if (err != cudaSuccess) return err;
   if (bits == 18) {  // cvt.rn.f16x2.e4m3x2 is sm_89+
@@ -561,9 +600,12 @@ int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int kw,
   }
   Params p{static_cast<const uint4*>(w), x, static_cast<const float2*>(scales), static_cast<const float2*>(zeros),
            static_cast<const uint16_t*>(fp4_scales), bias, y, M, N, K, ldx, ldy, (K + 63) / 64, group_chunks, groups,
-           chunks_per_warp, out_scale, row_scales, bias_dtype, out_dtype, offsets, offsets_i64, out_scales};
+           chunks_per_warp, out_scale, row_scales, act_scales, act_ld, bias_dtype, out_dtype, offsets,
+           offsets_i64, out_scales};
   const int nt = M <= 8 ? 1 : 2;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (act_scales != nullptr)
+    return bits == 18 ? pick_act_groups<18>(p, nt, unroll, kw, tw, s) : pick_act_groups<8>(p, nt, unroll, kw, tw, s);
   if (dtype == 0 && bits == 4) return pick_rest<__half, 4>(p, experts, nt, zero, unroll, kw, tw, s);
   if (dtype == 0 && bits == 8) return pick_rest<__half, 8>(p, experts, nt, zero, unroll, kw, tw, s);
   if (dtype == 1 && bits == 4) return pick_rest<__nv_bfloat16, 4>(p, experts, nt, zero, unroll, kw, tw, s);

@@ -116,22 +116,27 @@ def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: to
 
 
 def quantize_activation_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x [M, K]`` -> (its dynamic per-token e4m3 / int8 codes as ``dtype`` values [M, K], fp32 scales [M]): the
-    codes ``triton_quantize_activation`` makes (the same kernel), stored as 16-bit floats for the MMA kernels that
-    multiply them in fp16 / bf16 (exact: e4m3 and int8 are subsets of both)."""
+    """``x [M, K]`` -> (its dynamic e4m3 / int8 codes as ``dtype`` values [M, K], fp32 scales [M, groups]; one
+    group for per-token scales): the codes ``triton_quantize_activation`` makes (the same kernel), stored as
+    16-bit floats for the MMA kernels that multiply them in fp16 / bf16 (exact: e4m3 and int8 are subsets of
+    both)."""
     if str(spec.dtype) not in ("e4m3fn", "int8") or str(spec.scale_dtype) != "fp32" or not spec.per_token \
-            or spec.group_k or spec.static or spec.global_scale:
-        raise ValueError(f"code values are made for dynamic per-token e4m3 / int8 activations, not {spec}")
+            or spec.static or spec.global_scale:
+        raise ValueError(f"code values are made for dynamic per-token or per-group e4m3 / int8 activations with "
+                         f"fp32 scales, not {spec}")
     if dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"code values are fp16 / bf16, not {dtype}")
     m, k = x2.shape
+    check_act_group(spec, k)
+    g = spec.group_k or k
     values = torch.empty(m, k, dtype=dtype, device=x2.device)
-    scales = torch.empty(m, 1, dtype=torch.float32, device=x2.device)
+    scales = torch.empty(m, k // g, dtype=torch.float32, device=x2.device)
     if m:
-        act_quant_kernel[(m, 1)](x2, values, scales, scales, k, x2.stride(0), values.stride(0), scales.stride(0),
-                                 KIND=ACT_KINDS[str(spec.dtype)], SCALE_KIND=0, GROUP_K=k,
-                                 BLOCK_K=min(1024, triton.next_power_of_2(k)), SCALE_VALUES=False, CODE_VALUES=True)
-    return values, scales.view(m)
+        act_quant_kernel[(m, k // g)](x2, values, scales, scales, k, x2.stride(0), values.stride(0), scales.stride(0),
+                                      KIND=ACT_KINDS[str(spec.dtype)], SCALE_KIND=0, GROUP_K=g,
+                                      BLOCK_K=min(1024, triton.next_power_of_2(g)), SCALE_VALUES=False,
+                                      CODE_VALUES=True)
+    return values, scales
 
 
 GLOBAL_SCALE_BLOCK = 4096

@@ -27,13 +27,15 @@ def decode_grid(family: str, m: int) -> list[KernelConfig]:
     return [KernelConfig(family, 16, 16 * tw, 64, kw, 8, kw * tw, u) for kw, tw, u in grid]
 
 
-def packed_view(qw):
-    """The kernel's layout of ``qw`` (cutlass_ext.decode_mma.repack), made once and cached on the weight."""
+def packed_view(qw, group_k: int | None = None):
+    """The kernel's layout of ``qw`` (cutlass_ext.decode_mma.repack; ``group_k``: scales per that many K), made
+    once and cached on the weight."""
     from cutlass_ext.decode_mma import repack
     state = qw.cache.setdefault("cuda", {})
-    if "decode_mma" not in state:
-        state["decode_mma"] = repack(qw)
-    return state["decode_mma"]
+    key = "decode_mma" if group_k is None else f"decode_mma_g{group_k}"
+    if key not in state:
+        state[key] = repack(qw, group_k)
+    return state[key]
 
 
 class MMADecode(Family):

@@ -1,9 +1,10 @@
-"""``mma_decode_act``: the quantized-activation schemes (W8A8 / W4A8 with dynamic per-token e4m3 or int8
-activations) at decode sizes, M <= 16, on the native decode GEMM of ``mma_decode``.
+"""``mma_decode_act``: the quantized-activation schemes (W8A8 / W4A8 with dynamic e4m3 or int8 activations, per
+token or per group of K) at decode sizes, M <= 16, on the native decode GEMM of ``mma_decode``.
 
 One Triton launch quantizes the activations to their codes, stored as 16-bit values (exact: e4m3 and int8 are
 subsets of fp16 and bf16); the decode kernel multiplies them by the weight's codes on fp16 / bf16 tensor cores
-and applies the per-token scale to each output row.  The products are the ones an fp8 / int8 MMA makes, the sums
+and applies the per-token scale to each output row -- or, for activation scales per group of K, each group's
+scales to its fp32 partial sums (int8 / e4m3 weights, whose scales then travel per that group).  The products are the ones an fp8 / int8 MMA makes, the sums
 are fp32 with no fast-accumulation truncation, so the result is at least as accurate as ``torch._scaled_mm`` on
 the same codes.  Why: at decode the weight stream sets the time, and this kernel streams it faster than the fp8
 GEMMs (cuBLASLt's fp8 GEMM takes longer at M = 1 than bf16 does).  Backend ``cuda``; ``auto`` runs it only where
@@ -23,13 +24,22 @@ def code_dtype(scheme) -> torch.dtype:
     return torch.bfloat16 if str(scheme.weight) == "e2m1" else torch.float16
 
 
-def act_reason(act) -> str | None:
-    """Why these activations cannot run as code values with a per-row scale (None if they can)."""
+def act_reason(scheme, k: int) -> str | None:
+    """Why these activations cannot run as code values (None if they can): their scale must factor out of each
+    row, or out of each group of K that the weight's scales can be split into."""
+    from cutlass_ext.decode_mma import CHUNK
+    act = scheme.act
     if act is None:
         return "16-bit activations (mma_decode runs them)"
     if str(act.dtype) not in ("e4m3fn", "int8") or str(act.scale_dtype) != "fp32" or not act.per_token \
-            or act.group_k or act.static or act.global_scale:
-        return f"{act} activations (dynamic per-token e4m3 / int8 only: the scale must factor out of each row)"
+            or act.static or act.global_scale:
+        return f"{act} activations (dynamic per-token or per-group e4m3 / int8 with fp32 scales only)"
+    if act.group_k:
+        ga, gw = act.group_k, scheme.group_k(k)
+        if ga % CHUNK or gw % ga or k % ga:
+            return f"activation groups of {ga} (a multiple of {CHUNK} that divides K={k} and the weight's {gw})"
+        if str(scheme.weight) not in ("e4m3fn", "int8"):
+            return f"activation group scales with {scheme.weight} weights (int8 / e4m3 only)"
     return None
 
 
@@ -41,7 +51,7 @@ class MMADecodeAct(Family):
         from cutlass_ext.decode_mma import weight_reason
         if call.op != "quant_linear" or call.experts:
             return "the native decode kernel runs dense linear layers"
-        why = act_reason(call.scheme.act)
+        why = act_reason(call.scheme, call.k)
         if why:
             return f"{call.scheme.name}: {why}"
         if call.m > MAX_M:
@@ -65,11 +75,14 @@ class MMADecodeAct(Family):
         y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x2.device)
         if m == 0:
             return y
-        codes, scales = quantize_activation_values(x2, qw.scheme.act, code_dtype(qw.scheme))
+        act = qw.scheme.act
+        codes, scales = quantize_activation_values(x2, act, code_dtype(qw.scheme))
         target = y if y.dtype in (torch.float16, torch.bfloat16, torch.float32) and y.stride(-1) == 1 else \
             torch.empty(m, n, dtype=torch.float32, device=x2.device)
-        run(codes, packed_view(qw), bias, target, kw=cfg.split_k, tw=cfg.block_n // 16, unroll=cfg.num_stages,
-            row_scales=scales)
+        grouped = bool(act.group_k) and act.group_k != qw.K
+        run(codes, packed_view(qw, act.group_k if grouped else None), bias, target, kw=cfg.split_k,
+            tw=cfg.block_n // 16, unroll=cfg.num_stages, row_scales=None if grouped else scales.view(m),
+            act_scales=scales if grouped else None)
         if target is not y:
             y.copy_(target)
         return y
