@@ -76,9 +76,10 @@ for step in $STEPS; do
         > "$OUT/native.txt" 2>&1 || timeout -k 5 240 python3 -m cutlass_ext.build --arch 90 >> "$OUT/native.txt" 2>&1
       gpu_tests ${NATIVE_S:-150} native tests/test_native_decode.py tests/test_native_decode_act.py tests/test_act_quant_kernels.py \
         -k "native or grouped_kernel or global_scale or kernel_matches or non_finite or scaled_mm or through_the_op"
-      timeout -k 5 120 ncu --clock-control none -k regex:decode_mma --launch-skip 3 --launch-count 2 \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-        --section LaunchStats python3 scripts/native_probe.py > "$OUT/native_ncu.txt" 2>&1
+      timeout -k 5 150 ncu --clock-control none -k regex:decode_mma --launch-skip 3 --launch-count 9 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+        --section WarpStateStats --section Occupancy --section LaunchStats python3 scripts/native_probe.py \
+        > "$OUT/native_ncu.txt" 2>&1
       timeout -k 5 120 python3 scripts/native_probe.py --sweep --out "$OUT/native_sweep.json" > "$OUT/native_sweep.txt" 2>&1
       timeout -k 5 ${NATIVE_ACT_S:-100} python3 scripts/native_probe.py --family mma_decode_act --sweep \
         --out "$OUT/native_act_sweep.json" > "$OUT/native_act_sweep.txt" 2>&1 ;;

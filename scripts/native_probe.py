@@ -69,9 +69,12 @@ def odd_shapes(family: str = "mma_decode") -> None:
 
 
 def profile() -> None:
+    """Launches for ncu: M = 1 (w4a16, MXFP4) and M = 16 (w4a16 with the M = 16 table's config: is two token
+    tiles' activation traffic, 4x the int4 weight bytes per chunk, what sets its pace?)."""
     fam = families.get("mma_decode")
     for scheme, m, cfg in [("w4a16", 1, KernelConfig("mma_decode", 16, 16, 64, 8, 8, 8, 4)),
-                           ("mxfp4", 1, KernelConfig("mma_decode", 16, 16, 64, 8, 8, 8, 4))]:
+                           ("mxfp4", 1, KernelConfig("mma_decode", 16, 16, 64, 8, 8, 8, 4)),
+                           ("w4a16", 16, KernelConfig("mma_decode", 16, 16, 64, 4, 8, 4, 1))]:
         qw, x = _case(scheme, 8192, 8192, m)
         out = torch.empty(m, 8192, dtype=x.dtype, device="cuda")
         for _ in range(4):
