@@ -3,7 +3,8 @@
 1. non-finite activations stay in their own row, with the same non-finite class on every backend
 2. a module's state_dict carries its scheme; a state_dict of another scheme is refused, naming both
 3. a QuantWeight / a whole model pickles without its run-time cache
-4. an in-place edit of a QuantWeight's tensors invalidates the reference's dequantized copy
+4. an in-place edit of a QuantWeight's tensors invalidates the reference's dequantized copy and the native kernels'
+   repacked layouts
 5. values a scale type cannot reach warn (once per tensor, with the clipped magnitude); so does an NVFP4 global
    scale that degrades most blocks
 6. quantize_weight refuses a scheme the shape cannot take, with the rule the backends apply later
@@ -217,6 +218,39 @@ def test_in_place_edit_is_not_answered_from_a_stale_copy(scheme, edit, rng):
     got = ht.quant_linear(x, qw, backend="reference")
     assert not torch.equal(got, first)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scheme,edit", [("w4a16", "scales"), ("w8a16-asym", "zeros"), ("mxfp4", "data"),
+                                         ("nvfp4", "global_scale")])
+def test_in_place_edit_remakes_the_kernel_layouts(scheme, edit, rng):
+    """The native kernels' repacked views (decode GEMM, CUTLASS) follow an in-place edit or a replaced tensor, as
+    the reference and the Triton kernels (which read the canonical tensors) do; checked on the CPU, where the
+    repacks and the decode kernel's register-level model (``emulate``) run."""
+    from cutlass_ext import decode_mma as dm
+    from humming_triton.kernels.families.mma_decode import packed_view
+    qw = ht.quantize_weight(torch.randn(48, 256, generator=rng), scheme)
+    other = ht.quantize_weight(torch.randn(48, 256, generator=rng), scheme)
+    x = torch.randn(3, 256, generator=rng)
+    first = packed_view(qw)
+    assert packed_view(qw) is first  # made once while nothing changes
+    t = getattr(qw, edit)
+    t.mul_(2) if edit in ("scales", "global_scale") else t.copy_(getattr(other, edit))
+    again = packed_view(qw)
+    assert again is not first
+    ref = x.double() @ ht.dequantize_weight(qw).double().T
+    torch.testing.assert_close(dm.emulate(x, again), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))  # fp32 w_hat
+    setattr(qw, edit, getattr(other, edit).clone())  # a replaced tensor, same version counter (0)
+    assert packed_view(qw) is not again
+
+
+def test_in_place_edit_remakes_the_cutlass_operands(rng):
+    from humming_triton.kernels.families.cutlass_mixed import packed_view
+    qw = ht.quantize_weight(torch.randn(128, 256, generator=rng), "w4a16")
+    first = packed_view(qw, torch.bfloat16)
+    assert packed_view(qw, torch.bfloat16) is first
+    qw.scales.mul_(2)
+    again = packed_view(qw, torch.bfloat16)
+    assert again is not first and torch.equal(again.scales.float(), 2 * first.scales.float())
 
 
 # --- 5. clipping warns ---------------------------------------------------------------------------------------

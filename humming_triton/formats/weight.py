@@ -68,6 +68,15 @@ def decode_scales(scales: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
     return d.decode(scales)
 
 
+def _version(t: torch.Tensor | None) -> int | None:
+    if t is None:
+        return None
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors: no version counter (and immutable outside inference mode)
+        return -1
+
+
 @dataclass
 class QuantWeight:
     data: torch.Tensor
@@ -93,6 +102,20 @@ class QuantWeight:
         state = self.__dict__.copy()
         state["cache"] = {}
         return state
+
+    def cached_view(self, backend: str, key, make):
+        """A backend's view derived from this weight's tensors (a repacked layout), made by ``make()`` once and
+        made again when one of the tensors it came from is replaced or edited in place (its version counter moved):
+        a stale repack is never used.  Holds the tensors it was made from, so an id cannot be reused under it."""
+        tensors = (self.data, self.scales, self.zeros, self.global_scale, self.k_perm)
+        versions = tuple(_version(t) for t in tensors)
+        state = self.cache.setdefault(backend, {})
+        hit = state.get(key)
+        if hit is not None and hit[1] == versions and all(a is b for a, b in zip(hit[0], tensors)):
+            return hit[2]
+        value = make()
+        state[key] = (tensors, versions, value)
+        return value
 
     # --- facts --------------------------------------------------------------------------------------------------
     @property

@@ -69,26 +69,12 @@ class Prepared:
     bias: torch.Tensor | None  # fp32 [N] or None
 
 
-def _weight_key(qw) -> tuple:
-    t = qw.scales
-    try:
-        version = t._version
-    except RuntimeError:  # inference tensors: no version counter (and immutable outside inference mode)
-        version = -1
-    return t.data_ptr(), version, tuple(t.shape)
-
-
 def weight_sf(qw, kind: str) -> torch.Tensor:
     """The weight's scales in CUTLASS's layout, made once per weight (re-made if its scales were replaced or edited
     in place) and cached in ``qw.cache["cuda"]``."""
     from cutlass_ext.blockscaled import PAD_CODE, VEC, to_sf_layout
-    state = qw.cache.setdefault("cuda", {})
-    key = _weight_key(qw)
-    hit = state.get("blockscaled_cutlass")
-    if hit is None or hit[0] != key:
-        hit = state["blockscaled_cutlass"] = (key, to_sf_layout(qw.scales.contiguous(), qw.K, VEC[kind],
-                                                                PAD_CODE[_scale_format(kind)]))
-    return hit[1]
+    return qw.cached_view("cuda", ("blockscaled_cutlass", kind), lambda: to_sf_layout(
+        qw.scales.contiguous(), qw.K, VEC[kind], PAD_CODE[_scale_format(kind)]))
 
 
 def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:

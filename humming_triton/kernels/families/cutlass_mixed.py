@@ -17,13 +17,9 @@ from . import Family, register
 
 def packed_view(qw, dtype):
     """The kernels' operands of ``qw`` for ``dtype`` activations (cutlass_ext.mixed_gemm.repack), made once and
-    cached on the weight (the cache is never serialized)."""
+    cached on the weight (never serialized; made again after an edit of its tensors)."""
     from cutlass_ext.mixed_gemm import repack
-    state = qw.cache.setdefault("cutlass", {})
-    key = ("mixed", dtype)
-    if key not in state:
-        state[key] = repack(qw, dtype)
-    return state[key]
+    return qw.cached_view("cutlass", ("mixed", dtype), lambda: repack(qw, dtype))
 
 
 def _cast_bias(qw, bias, dtype):

@@ -29,13 +29,9 @@ def decode_grid(family: str, m: int) -> list[KernelConfig]:
 
 def packed_view(qw, group_k: int | None = None):
     """The kernel's layout of ``qw`` (cutlass_ext.decode_mma.repack; ``group_k``: scales per that many K), made
-    once and cached on the weight."""
+    once and cached on the weight (made again after an edit of its tensors)."""
     from cutlass_ext.decode_mma import repack
-    state = qw.cache.setdefault("cuda", {})
-    key = "decode_mma" if group_k is None else f"decode_mma_g{group_k}"
-    if key not in state:
-        state[key] = repack(qw, group_k)
-    return state[key]
+    return qw.cached_view("cuda", ("decode_mma", group_k), lambda: repack(qw, group_k))
 
 
 class MMADecode(Family):

@@ -17,10 +17,7 @@ _GRID = [(4, 1, 1), (2, 1, 1), (2, 2, 1), (4, 2, 1), (1, 4, 1), (8, 1, 1), (2, 4
 def packed_experts(qw):
     """The kernel's layout of every expert (cutlass_ext.decode_mma.repack_experts), made once per weight."""
     from cutlass_ext.decode_mma import repack_experts
-    state = qw.cache.setdefault("cuda", {})
-    if "decode_mma_experts" not in state:
-        state["decode_mma_experts"] = repack_experts(qw)
-    return state["decode_mma_experts"]
+    return qw.cached_view("cuda", "decode_mma_experts", lambda: repack_experts(qw))
 
 
 class MMADecodeGrouped(Family):
