@@ -147,9 +147,32 @@ def cached_object(cmd: list[str], cache: Path) -> Path:
     return cache / f"{Path(cmd[o + 1]).stem}.{h.hexdigest()[:16]}.o"
 
 
+def parse_kernels(spec: str) -> list[tuple[int, int]]:
+    """``--sm90-kernels`` -> (format, variant) pairs: groups ``FORMATS:VARIANTS`` joined by ``/``, each side a
+    comma list of ids or ranges (``0-9``), e.g. ``0,2,4:0-9/1,3:0,3,4`` (every variant of the bf16 formats 0, 2,
+    4; three of the fp16 formats 1, 3)."""
+    def ids(text):
+        out = []
+        for part in text.split(","):
+            a, _, b = part.strip().partition("-")
+            out += list(range(int(a), int(b) + 1)) if b else [int(a)]
+        return out
+    pairs = []
+    for group in spec.split("/"):
+        fmts, sep, variants = group.partition(":")
+        if not sep:
+            raise ValueError(f"bad --sm90-kernels group {group!r}: expected FORMATS:VARIANTS, e.g. 0,2:0-9")
+        pairs += [(f, v) for f in ids(fmts) for v in ids(variants) if (f, v) not in pairs]
+    unknown = sorted({f for f, _ in pairs} - set(sm90_formats())) + sorted({v for _, v in pairs} - set(sm90_variants()))
+    if unknown:
+        raise ValueError(f"--sm90-kernels names ids the source lacks: {unknown} (formats {sm90_formats()}, "
+                         f"variants {sm90_variants()})")
+    return pairs
+
+
 def build(archs: list[str], out: Path | None = None, quiet: bool = False, jobs: int | None = None,
           sm90_formats_only: list[int] | None = None, split_variants: bool = False,
-          sm90_variants_only: list[int] | None = None) -> Path:
+          sm90_variants_only: list[int] | None = None, sm90_kernels: list[tuple[int, int]] | None = None) -> Path:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise RuntimeError("nvcc is not on PATH: the native library needs the CUDA toolkit to build")
@@ -162,13 +185,14 @@ def build(archs: list[str], out: Path | None = None, quiet: bool = False, jobs: 
     objs = [out.with_suffix(".decode.o")]
     commands = [command(numeric, objs[0], nvcc)]
     if SM90A in archs:
-        for fmt in sm90_formats_only or sm90_formats():
-            # one unit per format, or (split_variants) per kernel: more parallelism for many-core machines
-            for v in ((sm90_variants_only or sm90_variants()) if split_variants else [None]):
-                tag = f"{fmt}" if v is None else f"{fmt}_v{v}"
-                objs.append(out.with_suffix(f".sm90_mixed_{tag}.o"))
-                defines = (f"HT_SM90_FMT={fmt}",) + (() if v is None else (f"HT_SM90_VARIANT={v}",))
-                commands.append(cutlass_command(SM90_SOURCE, objs[-1], SM90A, nvcc, defines))
+        # one unit per format, or (split_variants, sm90_kernels) per kernel: more parallelism, finer caching
+        units = sm90_kernels or [(fmt, v) for fmt in sm90_formats_only or sm90_formats()
+                                 for v in ((sm90_variants_only or sm90_variants()) if split_variants else [None])]
+        for fmt, v in units:
+            tag = f"{fmt}" if v is None else f"{fmt}_v{v}"
+            objs.append(out.with_suffix(f".sm90_mixed_{tag}.o"))
+            defines = (f"HT_SM90_FMT={fmt}",) + (() if v is None else (f"HT_SM90_VARIANT={v}",))
+            commands.append(cutlass_command(SM90_SOURCE, objs[-1], SM90A, nvcc, defines))
     if SM100 in archs:
         for src in SM100_SOURCES:
             objs.append(out.with_suffix(f".{src.stem}.o"))
@@ -199,6 +223,9 @@ def main(argv=None) -> int:
                     help="compile each sm_90a kernel in its own unit (for machines with many cores)")
     ap.add_argument("--sm90-variants", default=None,
                     help="with --split-variants: only these csrc_sm90 variant ids (an experiment's subset)")
+    ap.add_argument("--sm90-kernels", default=None,
+                    help="exactly these (format, variant) kernels, one unit each: FORMATS:VARIANTS groups joined by "
+                         "'/', e.g. 0,2,4,6,8:0-9/1,3,5,7,9:0,1,3,4,6 (overrides --sm90-formats / --sm90-variants)")
     args = ap.parse_args(argv)
     only = [int(f) for f in args.sm90_formats.split(",")] if args.sm90_formats else None
     variants = [int(v) for v in args.sm90_variants.split(",")] if args.sm90_variants else None
@@ -207,8 +234,12 @@ def main(argv=None) -> int:
     unknown = sorted(set(variants or []) - set(sm90_variants()))
     if unknown:
         ap.error(f"unknown sm90 variants {unknown} (the source has {sm90_variants()})")
+    try:
+        kernels = parse_kernels(args.sm90_kernels) if args.sm90_kernels else None
+    except ValueError as e:
+        ap.error(str(e))
     build([a.strip() for a in args.arch.split(",") if a.strip()], args.out, jobs=args.jobs, sm90_formats_only=only,
-          split_variants=args.split_variants, sm90_variants_only=variants)
+          split_variants=args.split_variants, sm90_variants_only=variants, sm90_kernels=kernels)
     return 0
 
 

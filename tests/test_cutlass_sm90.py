@@ -268,6 +268,17 @@ def test_build_compiles_one_unit_per_format():
     assert "-DHT_SM90_FMT=3" in cmd and "-gencode=arch=compute_90a,code=sm_90a" in cmd
 
 
+def test_kernel_list_of_the_build():
+    from cutlass_ext.build import parse_kernels
+    pairs = parse_kernels("0,2:0-2/1:3,4")
+    assert pairs == [(0, 0), (0, 1), (0, 2), (2, 0), (2, 1), (2, 2), (1, 3), (1, 4)]
+    assert parse_kernels("0:0/0:0,1") == [(0, 0), (0, 1)]  # named twice, built once
+    with pytest.raises(ValueError, match="lacks"):
+        parse_kernels("0:99")
+    with pytest.raises(ValueError, match="FORMATS:VARIANTS"):
+        parse_kernels("0,1")
+
+
 # ---- CI: compile one kernel per weight family for sm_90a ---------------------------------------------------------
 
 COMPILE_CHECK = {0: "int4 group", 2: "uint4 + zero", 4: "int8 channel", 6: "e4m3 channel"}
