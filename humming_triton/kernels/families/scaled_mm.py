@@ -36,15 +36,20 @@ class ScaledMM(Family):
         return [KernelConfig("scaled_mm")]
 
     def run(self, x, x2, qw, bias, out_dtype, cfg, out):
-        from ..dense import check_act_group, triton_quantize_activation
-        check_act_group(qw.scheme.act, qw.K)
-        q = triton_quantize_activation(x2, qw.scheme.act, qw.input_scale)
         w = qw.data.view(torch.uint8).view(torch.float8_e4m3fn)  # [N, K] e4m3 codes, K-contiguous
-        b = None if bias is None else bias.to(torch.bfloat16)
-        y = torch._scaled_mm(q.codes.view(torch.float8_e4m3fn), w.t(), scale_a=q.scales,
-                             scale_b=qw.scales.reshape(1, -1), bias=b, out_dtype=torch.bfloat16,
-                             use_fast_accum=False)
-        return out.copy_(y) if out is not None else y.to(out_dtype)
+        return rowwise_fp8(x2, qw, w, qw.scales.reshape(1, -1), bias, out_dtype, out)
+
+
+def rowwise_fp8(x2, qw, w, w_scales, bias, out_dtype, out):
+    """Our e4m3 activation quantizer, then ``torch._scaled_mm`` row-wise on ``w`` (e4m3 [N, K], K-contiguous) with
+    fp32 ``w_scales`` [1, N]: fast accumulation off (the fp8 standard)."""
+    from ..dense import check_act_group, triton_quantize_activation
+    check_act_group(qw.scheme.act, qw.K)
+    q = triton_quantize_activation(x2, qw.scheme.act, qw.input_scale)
+    b = None if bias is None else bias.to(torch.bfloat16)
+    y = torch._scaled_mm(q.codes.view(torch.float8_e4m3fn), w.t(), scale_a=q.scales, scale_b=w_scales, bias=b,
+                         out_dtype=torch.bfloat16, use_fast_accum=False)
+    return out.copy_(y) if out is not None else y.to(out_dtype)
 
 
 register(ScaledMM())

@@ -1,0 +1,99 @@
+"""``scaled_mm_mx`` (torch backend): W4A8-MXFP4 on cuBLASLt's fp8 GEMM, by an exact change of weight format.
+
+An MXFP4 row whose block exponents span at most 8 binades is, exactly, an e4m3 row with one power-of-two scale:
+each e2m1 value times 2^(e_block - e_row) lies on e4m3's grid (the smallest, 0.5 * 2^-8, is e4m3's smallest
+subnormal 2^-9, and every e2m1 value has at most two significant bits).  Repacked once (8 bits per weight, cached
+on the weight), the call is our e4m3 activation quantizer and ``torch._scaled_mm`` row-wise with fast accumulation
+off (the fp8 standard): the products are the reference's, exactly.  Why: the tile loop applies MXFP4's scale every
+32 of K to fp32 partial sums and runs at 0.3-0.4x Humming at M >= 256; cuBLASLt's fp8 GEMM runs the e4m3 weight at
+fp8 tensor-core speed.  A weight with a wider row runs through ``dequant_mm`` (same result, slower), with a warning
+the first time.  ``auto`` runs it only where the device's measured table says it is fastest."""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ...calls import Call, KernelConfig
+from . import Family, register
+
+MAX_SPAN = 8  # binades between a row's largest and smallest live block exponent that e4m3 still holds exactly
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+_NAN_E8M0 = 255
+_ROWS = 1024  # rows converted at a time: bounds the fp32 temporaries to 4 B x 1024 x K
+
+
+def as_e4m3_rows(qw) -> tuple[torch.Tensor, torch.Tensor] | str:
+    """An MXFP4 weight as (e4m3 codes [N, K] as float8_e4m3fn, fp32 scales [N]): exactly the same values, or why
+    it cannot be.  A block of zero magnitudes does not count in a row's span; a NaN block scale makes its row's
+    scale NaN (the reference's output column is NaN then too)."""
+    from ...formats.packing import unpack_codes
+    n, k = qw.N, qw.K
+    e = qw.scales.to(torch.int32)                               # [N, K / 32] e8m0 codes
+    codes = unpack_codes(qw.data, 4, k)                          # [N, K] e2m1 codes
+    live = (codes & 7).reshape(n, -1, 32).ne(0).any(-1) & e.ne(_NAN_E8M0)
+    e_row = torch.where(live, e, torch.full_like(e, -1)).amax(-1)
+    span = torch.where(live, e_row[:, None] - e, torch.zeros_like(e)).amax(-1)
+    if bool((span > MAX_SPAN).any()):
+        worst = int(span.argmax())
+        return (f"row {worst}'s block scales span {int(span[worst])} binades (e4m3 holds MXFP4 exactly within "
+                f"{MAX_SPAN})")
+    e_row = torch.where(e_row < 0, torch.full_like(e_row, 127), e_row)  # no live block: scale 1
+    scales = torch.ldexp(torch.ones(n, device=qw.device), e_row - 127)
+    scales = torch.where(e.eq(_NAN_E8M0).any(-1), torch.full_like(scales, float("nan")), scales)
+    table = torch.tensor(_E2M1, device=qw.device)
+    out = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=qw.device)
+    for r0 in range(0, n, _ROWS):
+        r1 = min(n, r0 + _ROWS)
+        # dead blocks (zero magnitudes, NaN scales) keep their codes' own values: their exponent may be anything
+        shift = torch.where(live[r0:r1], e[r0:r1] - e_row[r0:r1, None], torch.zeros_like(e[r0:r1]))
+        vals = table[codes[r0:r1]].reshape(r1 - r0, -1, 32) * torch.exp2(shift.float())[..., None]
+        out[r0:r1] = vals.reshape(r1 - r0, k).to(torch.float8_e4m3fn)  # exact: every value is on e4m3's grid
+    return out, scales
+
+
+def e4m3_view(qw):
+    """``as_e4m3_rows(qw)``, made once and cached on the weight (made again after an edit of its tensors)."""
+    return qw.cached_view("torch", "mx_e4m3_rows", lambda: as_e4m3_rows(qw))
+
+
+class ScaledMMMX(Family):
+    name = "scaled_mm_mx"
+    backend = "torch"
+
+    def reason(self, call: Call) -> str | None:
+        s, a = call.scheme, call.scheme.act
+        if call.device_type != "cuda":
+            return "torch._scaled_mm needs a CUDA GPU"
+        if a is None or str(a.dtype) != "e4m3fn" or not a.per_token or a.group_k or a.static or a.global_scale:
+            return f"{s.name}: _scaled_mm takes dynamic per-token e4m3 activations"
+        if str(s.weight) != "e2m1" or str(s.scale.dtype) != "e8m0" or s.scale.block_k != 32 \
+                or (s.scale.block_n or 0) != 1 or s.scale.global_scale:
+            return f"{s.name}: this family converts MXFP4 weights (e2m1, e8m0 per 32)"
+        if call.k % 32 or call.n % 16:
+            return f"_scaled_mm needs N a multiple of 16 and K of 32 here (got N={call.n}, K={call.k})"
+        if call.act_order:
+            return "act-order weights"
+        return None
+
+    def mma(self, call: Call) -> str:
+        return "fp8"
+
+    def candidates(self, call: Call) -> list[KernelConfig]:
+        return [KernelConfig("scaled_mm_mx")]
+
+    def run(self, x, x2, qw, bias, out_dtype, cfg, out):
+        from . import get
+        from .scaled_mm import rowwise_fp8
+        view = e4m3_view(qw)
+        if isinstance(view, str):
+            state = qw.cache.setdefault("torch", {})
+            if not state.get("mx_e4m3_warned"):
+                state["mx_e4m3_warned"] = True
+                warnings.warn(f"scaled_mm_mx: {view}; this weight runs through dequant_mm instead", stacklevel=2)
+            return get("dequant_mm").run(x, x2, qw, bias, out_dtype, KernelConfig("dequant_mm", 1, 32, 128), out)
+        w, scales = view
+        return rowwise_fp8(x2, qw, w, scales.reshape(1, -1), bias, out_dtype, out)
+
+
+register(ScaledMMMX())
