@@ -6,6 +6,8 @@ import functools
 import os
 from pathlib import Path
 
+import torch
+
 __all__ = ["library_path", "library", "unavailable", "check"]
 
 ABI = 4  # ht_decode_mma_abi() of the library this module calls; a stale build is refused, not mis-called
@@ -51,7 +53,6 @@ def current_stream(device) -> int:
     """The raw handle of torch's current stream on ``device`` -- without building a ``torch.cuda.Stream`` object
     per launch (Triton's launcher reads it the same way); torch builds without the private call use the public
     one."""
-    import torch
     index = device.index if device.index is not None else torch.cuda.current_device()
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream

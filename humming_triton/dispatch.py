@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from . import backends
+from . import backends, capability
+from .batch_invariant import is_batch_invariant
 from .calls import Call, Candidate, interpreting, m_bucket
 from .formats.scheme import QuantScheme
 from .formats.weight import QuantWeight
@@ -176,10 +177,8 @@ def select(op: str, x: torch.Tensor, qw: QuantWeight, backend: str = "auto", *mo
     The choice is cached on the QuantWeight per call signature (a few µs of host time per call otherwise);
     ``clear_caches`` and a posed device (capability.pose_as) start afresh."""
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-    from . import capability
-    from .batch_invariant import is_batch_invariant
     key = (op, backend, x.dtype, rows, x.device, _generation[0], capability._override,
-           tuple(id(w) for w in more), is_batch_invariant())
+           tuple(map(id, more)) if more else (), is_batch_invariant())  # the hot path: no imports, no genexpr
     per = qw.cache.get("dispatch")
     if per is None:
         per = qw.cache["dispatch"] = {}

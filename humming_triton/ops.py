@@ -80,8 +80,10 @@ def _version(t: _OptT) -> int:
 def quant_weight_from_args(data: _Tensor, scales: _Tensor, zeros: _OptT, global_scale: _OptT, input_scale: _OptT,
                            bias: _OptT, k_perm: _OptT, scheme: str, shape: list[int]) -> QuantWeight:
     """The QuantWeight these tensors describe, reused across calls while none of them changed."""
-    parts = (data, scales, zeros, global_scale, input_scale, bias, k_perm)
-    key = (scheme, tuple(shape), tuple(id(t) for t in parts), tuple(_version(t) for t in parts))
+    # spelled out, no generator expressions: this runs on every eager call (host time is the decode's cost)
+    key = (scheme, tuple(shape), id(data), id(scales), id(zeros), id(global_scale), id(input_scale), id(bias),
+           id(k_perm), _version(data), _version(scales), _version(zeros), _version(global_scale),
+           _version(input_scale), _version(bias), _version(k_perm))
     hit = getattr(data, _CACHE_ATTR, None)
     if hit is not None and hit[0] == key:
         return hit[1]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from cutlass_ext import mixed_gemm as mg
+
 from ...calls import Call, KernelConfig
 from . import Family, register
 
@@ -18,8 +20,7 @@ from . import Family, register
 def packed_view(qw, dtype):
     """The kernels' operands of ``qw`` for ``dtype`` activations (cutlass_ext.mixed_gemm.repack), made once and
     cached on the weight (never serialized; made again after an edit of its tensors)."""
-    from cutlass_ext.mixed_gemm import repack
-    return qw.cached_view("cutlass", ("mixed", dtype), lambda: repack(qw, dtype))
+    return qw.cached_view("cutlass", ("mixed", dtype), lambda: mg.repack(qw, dtype))
 
 
 def _cast_bias(qw, bias, dtype):
@@ -99,7 +100,6 @@ class CutlassMixed(Family):
             return str(e)
 
     def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
-        from cutlass_ext.mixed_gemm import run
         m, n = x2.shape[0], qw.N
         y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x2.device)
         if m == 0:
@@ -110,7 +110,7 @@ class CutlassMixed(Family):
             b = bias if bias.dtype == x2.dtype and bias.is_contiguous() else _cast_bias(qw, bias, x2.dtype)
         target = y if y.dtype == x2.dtype and y.is_contiguous() else torch.empty(m, n, dtype=x2.dtype,
                                                                                  device=x2.device)
-        run(x2, packed_view(qw, x2.dtype), b, target, variant_of(cfg))
+        mg.run(x2, packed_view(qw, x2.dtype), b, target, variant_of(cfg))
         if target is not y:
             y.copy_(target)
         return y

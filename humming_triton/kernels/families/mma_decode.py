@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from cutlass_ext import decode_mma as dm
+
 from ...calls import Call, KernelConfig
 from . import Family, register
 
@@ -30,8 +32,7 @@ def decode_grid(family: str, m: int) -> list[KernelConfig]:
 def packed_view(qw, group_k: int | None = None):
     """The kernel's layout of ``qw`` (cutlass_ext.decode_mma.repack; ``group_k``: scales per that many K), made
     once and cached on the weight (made again after an edit of its tensors)."""
-    from cutlass_ext.decode_mma import repack
-    return qw.cached_view("cuda", ("decode_mma", group_k), lambda: repack(qw, group_k))
+    return qw.cached_view("cuda", ("decode_mma", group_k), lambda: dm.repack(qw, group_k))
 
 
 class MMADecode(Family):
@@ -55,7 +56,6 @@ class MMADecode(Family):
         return decode_grid(self.name, call.m)
 
     def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
-        from cutlass_ext.decode_mma import run
         m, n = x2.shape[0], qw.N
         y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x2.device)
         if m == 0:
@@ -64,7 +64,7 @@ class MMADecode(Family):
             x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
         target = y if y.dtype in (torch.float16, torch.bfloat16, torch.float32) and y.stride(-1) == 1 else \
             torch.empty(m, n, dtype=torch.float32, device=x2.device)
-        run(x2, packed_view(qw), bias, target, kw=cfg.split_k, tw=cfg.block_n // 16, unroll=cfg.num_stages)
+        dm.run(x2, packed_view(qw), bias, target, kw=cfg.split_k, tw=cfg.block_n // 16, unroll=cfg.num_stages)
         if target is not y:
             y.copy_(target)
         return y

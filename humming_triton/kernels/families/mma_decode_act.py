@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import torch
 
+from cutlass_ext import decode_mma as dm
+
 from ...calls import Call, KernelConfig
 from . import Family, register
+from ..dense import quantize_activation_values
 from .mma_decode import MAX_M, decode_grid, packed_view
 
 
@@ -69,8 +72,6 @@ class MMADecodeAct(Family):
         return decode_grid(self.name, call.m)
 
     def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
-        from cutlass_ext.decode_mma import run
-        from ..dense import quantize_activation_values
         m, n = x2.shape[0], qw.N
         y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x2.device)
         if m == 0:
@@ -80,7 +81,7 @@ class MMADecodeAct(Family):
         target = y if y.dtype in (torch.float16, torch.bfloat16, torch.float32) and y.stride(-1) == 1 else \
             torch.empty(m, n, dtype=torch.float32, device=x2.device)
         grouped = bool(act.group_k) and act.group_k != qw.K
-        run(codes, packed_view(qw, act.group_k if grouped else None), bias, target, kw=cfg.split_k,
+        dm.run(codes, packed_view(qw, act.group_k if grouped else None), bias, target, kw=cfg.split_k,
             tw=cfg.block_n // 16, unroll=cfg.num_stages, row_scales=None if grouped else scales.view(m),
             act_scales=scales if grouped else None)
         if target is not y:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from cutlass_ext import decode_mma as dm
+
 from ...calls import Call, KernelConfig
 from . import Family, register
 
@@ -16,8 +18,7 @@ _GRID = [(4, 1, 1), (2, 1, 1), (2, 2, 1), (4, 2, 1), (1, 4, 1), (8, 1, 1), (2, 4
 
 def packed_experts(qw):
     """The kernel's layout of every expert (cutlass_ext.decode_mma.repack_experts), made once per weight."""
-    from cutlass_ext.decode_mma import repack_experts
-    return qw.cached_view("cuda", "decode_mma_experts", lambda: repack_experts(qw))
+    return qw.cached_view("cuda", "decode_mma_experts", lambda: dm.repack_experts(qw))
 
 
 class MMADecodeGrouped(Family):
@@ -45,7 +46,6 @@ class MMADecodeGrouped(Family):
         return [KernelConfig(self.name, bm, 16 * tw, 64, kw, 8, kw * tw, u) for bm in passes for kw, tw, u in _GRID]
 
     def run(self, x, offsets, qw, bias, out_dtype, cfg: KernelConfig, out):
-        from cutlass_ext.decode_mma import run_grouped
         t, n = x.shape[0], qw.N
         out_dtype = out.dtype if out is not None else (out_dtype or x.dtype)
         y = out if out is not None else torch.empty(t, n, dtype=out_dtype, device=x.device)
@@ -56,7 +56,7 @@ class MMADecodeGrouped(Family):
         bias = qw.bias if bias is None else bias
         target = y if y.dtype in (torch.float16, torch.bfloat16, torch.float32) and y.stride(-1) == 1 else \
             torch.empty(t, n, dtype=torch.float32, device=x.device)
-        run_grouped(x, packed_experts(qw), offsets, bias, target, kw=cfg.split_k, tw=cfg.block_n // 16,
+        dm.run_grouped(x, packed_experts(qw), offsets, bias, target, kw=cfg.split_k, tw=cfg.block_n // 16,
                     unroll=cfg.num_stages, rows_per_pass=cfg.block_m)
         if target is not y:
             y.copy_(target)
