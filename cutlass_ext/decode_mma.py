@@ -61,6 +61,8 @@ def weight_reason(scheme, n: int, k: int, dtype=None, act_codes: bool = False) -
     gk = scheme.group_k(k)
     if gk != k and gk % CHUNK:
         return f"scale group {gk} (groups of a multiple of {CHUNK} only, or one per row)"
+    if gk != k and k % gk:
+        return f"K={k} is not a multiple of the scale group {gk} (a partial last block)"
     if k % 16:
         return f"K={k} is not a multiple of 16"
     return None
@@ -253,8 +255,9 @@ def _check(x2: torch.Tensor, out: torch.Tensor, kw: int, tw: int, row_scales=Non
                                    or not row_scales.is_contiguous() or row_scales.device != x2.device):
         raise ValueError(f"row_scales must be {x2.shape[0]} contiguous fp32 values on {x2.device}")
     if act_scales is not None:
-        if p.group_chunks == 0 or p.code_bits != 8 or x2.dtype != torch.float16:
-            raise ValueError("act_scales need int8 / e4m3 weights repacked with group scales and fp16 codes")
+        if p.group_chunks == 0 or p.code_bits != 8 or x2.dtype != torch.float16 or p.zeros is not None:
+            raise ValueError("act_scales need int8 / e4m3 weights without zero points, repacked with group scales, "
+                             "and fp16 codes")
         if act_scales.dtype != torch.float32 or act_scales.shape != (x2.shape[0], p.groups) or \
                 not act_scales.is_contiguous() or act_scales.device != x2.device:
             raise ValueError(f"act_scales must be contiguous fp32 [{x2.shape[0]}, {p.groups}] on {x2.device}")

@@ -82,6 +82,18 @@ def test_e4m3_takes_fp16_activations_only():
     scheme = ht.QuantScheme.parse("w8a16-fp8")
     assert dm.weight_reason(scheme, 256, 1024, torch.float16) is None
     assert "fp16 only" in dm.weight_reason(scheme, 256, 1024, torch.bfloat16)
+    # the conversion is an sm_89 instruction: the family asks for the fp8 MMA generation
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    call = Call("quant_linear", scheme, torch.float16, 4, 256, 1024)
+    assert families.get("mma_decode").mma(call) == "fp8"
+    from dataclasses import replace
+    from humming_triton.backends._families import family_reason
+    from humming_triton.capability import facts_for_sm
+    assert "8.9" in family_reason(families.get("mma_decode"), replace(call, facts=facts_for_sm((8, 6))))
+    # a 2-D block partial in K has no per-row group of its own: refused, not mis-repacked
+    assert "partial last block" in dm.weight_reason(ht.QuantScheme.parse("w8a16-fp8-block"), 256, 1000,
+                                                    torch.float16)
     # a quantized-activation scheme's weight half, for the kernel fed with activation codes (mma_decode_act)
     assert dm.weight_reason(ht.QuantScheme.parse("w8a8-fp8"), 256, 1024, torch.float16, act_codes=True) is None
 

@@ -137,7 +137,7 @@ __device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t q, bool high) {
   const uint16_t h = static_cast<uint16_t>(high ? q >> 16 : q);
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(h));
 #else
-  (void)q, (void)high;  // not launched: ht_decode_mma refuses KIND 18 below sm_89
+  (void)q, (void)high;  // never launched: ht_decode_mma refuses KIND 18 where the binary is older than sm_89
 #endif
   return d;
 }
@@ -592,11 +592,11 @@ int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int kw,
     return cudaErrorInvalidValue;  // group scales of activation codes: dense, fp16, int8 / e4m3, grouped weight
   cudaError_t err = cudaSetDevice(device);
   if (err != cudaSuccess) return err;
-  if (bits == 18) {  // cvt.rn.f16x2.e4m3x2 is sm_89+
-    int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    if (major * 10 + minor < 89) return cudaErrorNotSupported;
+  if (bits == 18) {  // cvt.rn.f16x2.e4m3x2 is sm_89+: the binary this device runs must have been built for it
+    cudaFuncAttributes attr;  // (an sm_89 GPU runs the sm_80 cubin of an 80,90 build, whose e4m3 decode is empty)
+    err = cudaFuncGetAttributes(&attr, decode_mma_kernel<__half, 18, 1, false, 1, false>);
+    if (err != cudaSuccess) return err;
+    if (attr.binaryVersion < 89) return cudaErrorNotSupported;
   }
   Params p{static_cast<const uint4*>(w), x, static_cast<const float2*>(scales), static_cast<const float2*>(zeros),
            static_cast<const uint16_t*>(fp4_scales), bias, y, M, N, K, ldx, ldy, (K + 63) / 64, group_chunks, groups,

@@ -50,6 +50,8 @@ class MMADecode(Family):
         return weight_reason(call.scheme, call.n, call.k, call.dtype)
 
     def mma(self, call: Call) -> str:
+        if str(call.scheme.weight) == "e4m3fn":
+            return "fp8"  # cvt.rn.f16x2.e4m3x2 exists from SM 8.9, with the fp8 MMA
         return "fp16" if call.dtype == torch.float16 else "bf16"
 
     def candidates(self, call: Call) -> list[KernelConfig]:
