@@ -110,10 +110,13 @@ def dump(path: str) -> int:
         record(dequant_kernel, dict(BLOCK_N=32, BLOCK_K=bk, EVEN_K=True, **fmt), {**ptrs, "out_ptr": "*bf16"},
                {"N": 4096, "K": 4096}, 4, 3, 90)
     from humming_triton.kernels._act_quant import act_quant_kernel
-    for kind, scale_kind in ((1, 0), (2, 0), (1, 1), (3, 1), (3, 2)):
-        consts = dict(KIND=kind, SCALE_KIND=scale_kind, GROUP_K=128, BLOCK_K=128, SCALE_VALUES=False)
-        record(act_quant_kernel, consts, {"x_ptr": "*bf16", "codes_ptr": "*u8", "gs_ptr": "*fp32",
-                                          "scales_ptr": "*fp32" if scale_kind == 0 else "*u8"}, {}, 4, 3, 90)
+    for kind, scale_kind, values in ((1, 0, False), (2, 0, False), (1, 1, False), (3, 1, False), (3, 2, False),
+                                     (1, 0, True), (2, 0, True)):  # values: code values in fp16 (mma_decode_act)
+        consts = dict(KIND=kind, SCALE_KIND=scale_kind, GROUP_K=128, BLOCK_K=128, SCALE_VALUES=False,
+                      CODE_VALUES=values)
+        record(act_quant_kernel, consts, {"x_ptr": "*bf16", "codes_ptr": "*fp16" if values else "*u8",
+                                          "gs_ptr": "*fp32", "scales_ptr": "*fp32" if scale_kind == 0 else "*u8"},
+                                          {}, 4, 3, 90)
     with open(path, "w") as f:
         json.dump(jobs, f)
     print(f"{len(jobs)} compile jobs -> {path}")

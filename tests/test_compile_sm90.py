@@ -70,7 +70,8 @@ from humming_triton.kernels._act_quant import act_quant_kernel
 names = act_quant_kernel.arg_names
 for kind, scale_kind in ((1, 0), (2, 0), (1, 1), (3, 1), (3, 2)):
     for xt in ("*fp16", "*bf16", "*fp32"):
-        consts = dict(KIND=kind, SCALE_KIND=scale_kind, GROUP_K=128, BLOCK_K=128, SCALE_VALUES=False)
+        consts = dict(KIND=kind, SCALE_KIND=scale_kind, GROUP_K=128, BLOCK_K=128, SCALE_VALUES=False,
+                      CODE_VALUES=False)
         ptrs = {"x_ptr": xt, "codes_ptr": "*u8", "scales_ptr": "*fp32" if scale_kind == 0 else "*u8",
                 "gs_ptr": "*fp32"}
         sig = {a: ("constexpr" if a in consts else ptrs.get(a, "i32")) for a in names}

@@ -120,11 +120,11 @@ def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_
         if KIND == 3:
             c = round_to_e2m1(q).to(tl.uint8)
         elif KIND == 1:
-            c = round_to_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0)).to(tl.float32)
+            v = round_to_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0)).to(tl.float32)
             if CODE_VALUES:
-                c = c.to(codes_ptr.dtype.element_ty)
+                c = v.to(codes_ptr.dtype.element_ty)
             else:
-                c = c.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+                c = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         else:  # int8: 1.5 * 2**52 rounds to an integer, ties to even; saturate to [-128, 127]
             r = tl.minimum(tl.maximum((q + 6755399441055744.0) - 6755399441055744.0, -128.0), 127.0)
             if CODE_VALUES:

@@ -111,7 +111,7 @@ def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: to
         act_quant_kernel[(m, scales.shape[1])](
             x2, codes, scales, gscale if gscale is not None else scales, k, x2.stride(0), codes.stride(0),
             scales.stride(0), KIND=ACT_KINDS[str(spec.dtype)], SCALE_KIND=ACT_SCALE_KINDS[str(spec.scale_dtype)],
-            GROUP_K=g, BLOCK_K=block, SCALE_VALUES=scale_values)
+            GROUP_K=g, BLOCK_K=block, SCALE_VALUES=scale_values, CODE_VALUES=False)
     return QuantActivation(codes, scales, spec, gscale)
 
 
