@@ -57,6 +57,10 @@ class MMADecode(Family):
     def candidates(self, call: Call) -> list[KernelConfig]:
         return decode_grid(self.name, call.m)
 
+    def launch(self, x2, qw, bias, target, cfg: KernelConfig) -> None:
+        """The kernel on 16-bit activations ``x2`` into ``target`` (fp16 / bf16 / fp32, unit column stride)."""
+        dm.run(x2, packed_view(qw), bias, target, kw=cfg.split_k, tw=cfg.block_n // 16, unroll=cfg.num_stages)
+
     def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
         m, n = x2.shape[0], qw.N
         y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x2.device)
@@ -66,7 +70,7 @@ class MMADecode(Family):
             x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
         target = y if y.dtype in (torch.float16, torch.bfloat16, torch.float32) and y.stride(-1) == 1 else \
             torch.empty(m, n, dtype=torch.float32, device=x2.device)
-        dm.run(x2, packed_view(qw), bias, target, kw=cfg.split_k, tw=cfg.block_n // 16, unroll=cfg.num_stages)
+        self.launch(x2, qw, bias, target, cfg)
         if target is not y:
             y.copy_(target)
         return y

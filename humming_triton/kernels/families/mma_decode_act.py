@@ -16,9 +16,9 @@ import torch
 from cutlass_ext import decode_mma as dm
 
 from ...calls import Call, KernelConfig
-from . import Family, register
+from . import register
 from ..dense import quantize_activation_values
-from .mma_decode import MAX_M, decode_grid, packed_view
+from .mma_decode import MAX_M, MMADecode, packed_view
 
 
 def code_dtype(scheme) -> torch.dtype:
@@ -30,7 +30,6 @@ def code_dtype(scheme) -> torch.dtype:
 def act_reason(scheme, k: int) -> str | None:
     """Why these activations cannot run as code values (None if they can): their scale must factor out of each
     row, or out of each group of K that the weight's scales can be split into."""
-    from cutlass_ext.decode_mma import CHUNK
     act = scheme.act
     if act is None:
         return "16-bit activations (mma_decode runs them)"
@@ -39,19 +38,17 @@ def act_reason(scheme, k: int) -> str | None:
         return f"{act} activations (dynamic per-token or per-group e4m3 / int8 with fp32 scales only)"
     if act.group_k:
         ga, gw = act.group_k, scheme.group_k(k)
-        if ga % CHUNK or gw % ga or k % ga:
-            return f"activation groups of {ga} (a multiple of {CHUNK} that divides K={k} and the weight's {gw})"
+        if ga % dm.CHUNK or gw % ga or k % ga:
+            return f"activation groups of {ga} (a multiple of {dm.CHUNK} that divides K={k} and the weight's {gw})"
         if str(scheme.weight) not in ("e4m3fn", "int8"):
             return f"activation group scales with {scheme.weight} weights (int8 / e4m3 only)"
     return None
 
 
-class MMADecodeAct(Family):
+class MMADecodeAct(MMADecode):
     name = "mma_decode_act"
-    backend = "cuda"
 
     def reason(self, call: Call) -> str | None:
-        from cutlass_ext.decode_mma import weight_reason
         if call.op != "quant_linear" or call.experts:
             return "the native decode kernel runs dense linear layers"
         why = act_reason(call.scheme, call.k)
@@ -61,32 +58,21 @@ class MMADecodeAct(Family):
             return f"M={call.m} (the native decode kernel takes M <= {MAX_M})"
         if call.dtype not in (torch.float16, torch.bfloat16, torch.float32):
             return f"{call.dtype} activations (fp16 / bf16 / fp32 only)"
-        return weight_reason(call.scheme, call.n, call.k, code_dtype(call.scheme), act_codes=True)
+        return dm.weight_reason(call.scheme, call.n, call.k, code_dtype(call.scheme), act_codes=True)
 
     def mma(self, call: Call) -> str:
         if str(call.scheme.weight) == "e4m3fn":
             return "fp8"  # cvt.rn.f16x2.e4m3x2 exists from SM 8.9, with the fp8 MMA
         return "bf16" if code_dtype(call.scheme) == torch.bfloat16 else "fp16"
 
-    def candidates(self, call: Call) -> list[KernelConfig]:
-        return decode_grid(self.name, call.m)
-
-    def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
-        m, n = x2.shape[0], qw.N
-        y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x2.device)
-        if m == 0:
-            return y
+    def launch(self, x2, qw, bias, target, cfg: KernelConfig) -> None:
+        """Quantize ``x2`` to its code values, then the kernel with the activations' scales."""
         act = qw.scheme.act
         codes, scales = quantize_activation_values(x2, act, code_dtype(qw.scheme))
-        target = y if y.dtype in (torch.float16, torch.bfloat16, torch.float32) and y.stride(-1) == 1 else \
-            torch.empty(m, n, dtype=torch.float32, device=x2.device)
         grouped = bool(act.group_k) and act.group_k != qw.K
         dm.run(codes, packed_view(qw, act.group_k if grouped else None), bias, target, kw=cfg.split_k,
-            tw=cfg.block_n // 16, unroll=cfg.num_stages, row_scales=None if grouped else scales.view(m),
-            act_scales=scales if grouped else None)
-        if target is not y:
-            y.copy_(target)
-        return y
+               tw=cfg.block_n // 16, unroll=cfg.num_stages, row_scales=None if grouped else scales.view(-1),
+               act_scales=scales if grouped else None)
 
 
 register(MMADecodeAct())

@@ -10,9 +10,13 @@ from ...calls import Call, KernelConfig
 from . import Family, register
 
 
-class ScaledMM(Family):
-    name = "scaled_mm"
+class RowwiseFP8(Family):
+    """What the families on ``torch._scaled_mm`` row-wise share: CUDA, dynamic per-token e4m3 activations, no
+    act-order, one config; a subclass says which weights it takes (``weight_reason``)."""
     backend = "torch"
+
+    def weight_reason(self, call: Call) -> str | None:
+        raise NotImplementedError
 
     def reason(self, call: Call) -> str | None:
         s, a = call.scheme, call.scheme.act
@@ -20,11 +24,9 @@ class ScaledMM(Family):
             return "torch._scaled_mm needs a CUDA GPU"
         if a is None or str(a.dtype) != "e4m3fn" or not a.per_token or a.group_k or a.static or a.global_scale:
             return f"{s.name}: _scaled_mm takes dynamic per-token e4m3 activations"
-        if str(s.weight) != "e4m3fn" or str(s.scale.dtype) != "fp32" or s.scale.block_n != 1 or s.scale.block_k \
-                or s.scale.global_scale or s.zero != "none":
-            return f"{s.name}: _scaled_mm takes e4m3 weights with fp32 per-channel scales"
-        if call.k % 16 or call.n % 16:
-            return f"_scaled_mm needs N and K multiples of 16 (got N={call.n}, K={call.k})"
+        why = self.weight_reason(call)
+        if why:
+            return why
         if call.act_order:
             return "act-order weights"
         return None
@@ -33,7 +35,20 @@ class ScaledMM(Family):
         return "fp8"
 
     def candidates(self, call: Call) -> list[KernelConfig]:
-        return [KernelConfig("scaled_mm")]
+        return [KernelConfig(self.name)]
+
+
+class ScaledMM(RowwiseFP8):
+    name = "scaled_mm"
+
+    def weight_reason(self, call: Call) -> str | None:
+        s = call.scheme
+        if str(s.weight) != "e4m3fn" or str(s.scale.dtype) != "fp32" or s.scale.block_n != 1 or s.scale.block_k \
+                or s.scale.global_scale or s.zero != "none":
+            return f"{s.name}: _scaled_mm takes e4m3 weights with fp32 per-channel scales"
+        if call.k % 16 or call.n % 16:
+            return f"_scaled_mm needs N and K multiples of 16 (got N={call.n}, K={call.k})"
+        return None
 
     def run(self, x, x2, qw, bias, out_dtype, cfg, out):
         w = qw.data.view(torch.uint8).view(torch.float8_e4m3fn)  # [N, K] e4m3 codes, K-contiguous

@@ -15,7 +15,8 @@ import warnings
 import torch
 
 from ...calls import Call, KernelConfig
-from . import Family, register
+from . import register
+from .scaled_mm import RowwiseFP8, rowwise_fp8
 
 MAX_SPAN = 8  # binades between a row's largest and smallest live block exponent that e4m3 still holds exactly
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -57,34 +58,20 @@ def e4m3_view(qw):
     return qw.cached_view("torch", "mx_e4m3_rows", lambda: as_e4m3_rows(qw))
 
 
-class ScaledMMMX(Family):
+class ScaledMMMX(RowwiseFP8):
     name = "scaled_mm_mx"
-    backend = "torch"
 
-    def reason(self, call: Call) -> str | None:
-        s, a = call.scheme, call.scheme.act
-        if call.device_type != "cuda":
-            return "torch._scaled_mm needs a CUDA GPU"
-        if a is None or str(a.dtype) != "e4m3fn" or not a.per_token or a.group_k or a.static or a.global_scale:
-            return f"{s.name}: _scaled_mm takes dynamic per-token e4m3 activations"
+    def weight_reason(self, call: Call) -> str | None:
+        s = call.scheme
         if str(s.weight) != "e2m1" or str(s.scale.dtype) != "e8m0" or s.scale.block_k != 32 \
                 or (s.scale.block_n or 0) != 1 or s.scale.global_scale:
             return f"{s.name}: this family converts MXFP4 weights (e2m1, e8m0 per 32)"
         if call.k % 32 or call.n % 16:
             return f"_scaled_mm needs N a multiple of 16 and K of 32 here (got N={call.n}, K={call.k})"
-        if call.act_order:
-            return "act-order weights"
         return None
-
-    def mma(self, call: Call) -> str:
-        return "fp8"
-
-    def candidates(self, call: Call) -> list[KernelConfig]:
-        return [KernelConfig("scaled_mm_mx")]
 
     def run(self, x, x2, qw, bias, out_dtype, cfg, out):
         from . import get
-        from .scaled_mm import rowwise_fp8
         view = e4m3_view(qw)
         if isinstance(view, str):
             state = qw.cache.setdefault("torch", {})
