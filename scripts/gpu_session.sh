@@ -51,6 +51,11 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HT_FAILLOG=$OUT/gpu_failures
 touch "$HT_FAILLOG"
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+limited() {  # <limit s> <command...>: timeout, where a limit of 0 skips the command (to fit a call's 600 s)
+  local limit=$1; shift
+  [ "$limit" = 0 ] && { echo "(skipped: limit 0)"; return 0; }
+  timeout -k 5 "$limit" "$@"
+}
 gpu_tests() {  # <limit s> <label> <pytest args...>
   local limit=$1 label=$2; shift 2
   stamp "pytest $label" | tee -a "$OUT/gpu_tests.txt"
@@ -75,13 +80,13 @@ for step in $STEPS; do
       python3 -c "from cutlass_ext import native; import sys; w = native.unavailable(); print(w or 'native library loads'); sys.exit(1 if w else 0)" \
         > "$OUT/native.txt" 2>&1 || timeout -k 5 240 python3 -m cutlass_ext.build --arch 90 >> "$OUT/native.txt" 2>&1
       gpu_tests ${NATIVE_S:-150} native tests/test_native_decode.py tests/test_native_decode_act.py tests/test_act_quant_kernels.py \
-        -k "native or grouped_kernel or global_scale or kernel_matches or non_finite or scaled_mm or through_the_op"
-      timeout -k 5 150 ncu --clock-control none -k regex:decode_mma --launch-skip 3 --launch-count 9 \
+        tests/test_scaled_mm_mx.py -k "native or grouped_kernel or global_scale or kernel_matches or non_finite or scaled_mm or through_the_op"
+      limited ${NATIVE_NCU_S:-150} ncu --clock-control none -k regex:decode_mma --launch-skip 3 --launch-count 9 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
         --section WarpStateStats --section Occupancy --section LaunchStats python3 scripts/native_probe.py \
         > "$OUT/native_ncu.txt" 2>&1
-      timeout -k 5 120 python3 scripts/native_probe.py --sweep --out "$OUT/native_sweep.json" > "$OUT/native_sweep.txt" 2>&1
-      timeout -k 5 ${NATIVE_ACT_S:-100} python3 scripts/native_probe.py --family mma_decode_act --sweep \
+      limited ${NATIVE_SWEEP_S:-120} python3 scripts/native_probe.py --sweep --out "$OUT/native_sweep.json" > "$OUT/native_sweep.txt" 2>&1
+      limited ${NATIVE_ACT_S:-100} python3 scripts/native_probe.py --family mma_decode_act --sweep \
         --out "$OUT/native_act_sweep.json" > "$OUT/native_act_sweep.txt" 2>&1 ;;
     cutlass)  # the sm_90a CUTLASS GEMMs: carried build or built here; GPU tests; variant sweep; memcheck on tails
       stamp cutlass
@@ -92,9 +97,9 @@ for step in $STEPS; do
       python3 -c "from cutlass_ext import mixed_gemm as m; print(m.available() or {f: m.built_variants(f) for f in m.FORMATS})" \
         >> "$OUT/cutlass.txt" 2>&1
       gpu_tests ${CUTLASS_S:-200} cutlass tests/test_cutlass_sm90.py
-      timeout -k 5 ${CUTLASS_SWEEP_S:-200} python3 scripts/native_probe.py --family cutlass_mixed --sweep \
+      limited ${CUTLASS_SWEEP_S:-200} python3 scripts/native_probe.py --family cutlass_mixed --sweep \
         ${CUTLASS_M:+--m $CUTLASS_M} --out "$OUT/cutlass_sweep.json" > "$OUT/cutlass_sweep.txt" 2>&1
-      timeout -k 5 ${SANITIZE_S:-100} compute-sanitizer --tool memcheck --kernel-name kns=GemmUniversal \
+      limited ${CUTLASS_MEMCHECK_S:-100} compute-sanitizer --tool memcheck --kernel-name kns=GemmUniversal \
         python3 scripts/native_probe.py --family cutlass_mixed --odd > "$OUT/cutlass_sanitize.txt" 2>&1
       echo "(memcheck exit $?)" >> "$OUT/cutlass_sanitize.txt" ;;
     syncfree) gpu_tests ${SYNCFREE_S:-150} syncfree tests/test_sync_free.py tests/test_batch_invariant.py ;;
