@@ -214,8 +214,9 @@ def test_through_the_op_and_graph_replay(rng):
     def check(y, what):
         q = ht.quantize_activation(x.cpu(), qw.scheme.act)
         x_hat = ht.dequantize_activation(QuantActivation(q.codes, q.scales, q.spec)).double()
-        w_hat = ht.dequantize_weight(qw.to("cpu"))
-        ref = x_hat @ w_hat.double().T
+        qc = qw.to("cpu")
+        w_hat = ht.dequantize_weight(qc)
+        ref = x_hat @ w_hat.double().T + qc.bias.double()  # the weight carries its bias (quant_linear adds it)
         assert_linear_close(y.cpu(), ref, x_hat, w_hat, torch.float32, what)
 
     from humming_triton import dispatch

@@ -68,21 +68,31 @@ def test_family_reasons():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", ["scaled_mm_mx", "scaled_mm"])
 @pytest.mark.parametrize("m", [1, 16, 300])
-def test_family_matches_reference(m, rng):
+@pytest.mark.parametrize("out_dtype,bias_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                                  (torch.float16, torch.float16), (torch.float32, None)], ids=str)
+def test_family_matches_reference(family, m, out_dtype, bias_dtype, rng):
+    """Both row-wise fp8 families, every output / bias type: the bf16 epilogue where it is exact (bf16 out, bf16
+    bias), fp32 sums scaled afterwards otherwise -- within fp32-accumulation tolerance of float64 either way."""
     from humming_triton.kernels import families
     from humming_triton.calls import KernelConfig
-    fam = families.get("scaled_mm_mx")
-    qw = _weight(1040, 2048, rng, spread=5).to("cuda")
+    fam = families.get(family)
+    if family == "scaled_mm_mx":
+        qw = _weight(1040, 2048, rng, spread=5)
+    else:
+        qw = ht.quantize_weight(torch.randn(1040, 2048, generator=rng) * 0.05, "w8a8-fp8")
+    bias = None if bias_dtype is None else torch.randn(1040, generator=rng).to(bias_dtype)
+    qw = qw.to("cuda")
     x = torch.randn(m, 2048, generator=rng).to(torch.bfloat16)
     q = ht.quantize_activation(x, qw.scheme.act)
     x_hat = ht.dequantize_activation(q).double()
     w_hat = ht.dequantize_weight(qw.to("cpu")).double()
-    ref = x_hat @ w_hat.T + qw.bias.cpu().double()
-    out = poison_like(torch.empty(m, 1040, dtype=torch.bfloat16, device="cuda"))
-    y = fam.run(x.cuda(), x.cuda(), qw, qw.bias, torch.bfloat16, KernelConfig("scaled_mm_mx"), out)
+    ref = x_hat @ w_hat.T + (0 if bias is None else bias.double())
+    out = poison_like(torch.empty(m, 1040, dtype=out_dtype, device="cuda"))
+    y = fam.run(x.cuda(), x.cuda(), qw, None if bias is None else bias.cuda(), out_dtype, KernelConfig(family), out)
     assert y.data_ptr() == out.data_ptr()
-    assert_linear_close(y.cpu(), ref, x_hat, w_hat, torch.float32, f"M={m}")
+    assert_linear_close(y.cpu(), ref, x_hat, w_hat, torch.float32, f"{family} M={m} {out_dtype} bias {bias_dtype}")
 
 
 @pytest.mark.gpu

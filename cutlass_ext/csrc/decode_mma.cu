@@ -333,7 +333,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
     const T* xnext[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) xnext[j] = xrow[j] + c0 * 64;
-    int knext = c0 * 64 + 16 * t;
+    int xchunk = c0;  // the chunk load_x reads next
     uint4 wb[U][LOADS], xb[U == 1 ? 1 : 2][NT][2];
     uint32_t sb[U];  // e2m1: the block-scale codes of each chunk in flight
     const uint16_t* snext = FP4 ? v.fp4_scales + ((size_t)tile * p.chunks + c0) * 32 + lane : nullptr;
@@ -346,13 +346,17 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
         snext += 32;
       }
     };
-    const int k_full = p.K & ~63;  // x past K must read as zero (the padded codes there are not zero values)
+    // x past K must read as zero (the padded codes there are not zero values).  One compare of a chunk counter
+    // per chunk (the lane's K offset only matters in the last, partial chunk): ptxas predicates these loads, where
+    // recomputing the lane offset each chunk (ABI 4 as first built) branched around them -- 112 loop instructions
+    // per chunk of int4 / bf16 at U = 1 against 108, and M = 1 rows 4-7 % slower on the H200.
+    const int full_chunks = p.K >> 6, k_lane = p.K - 16 * t;
     auto load_x = [&](uint4 (&xv)[NT][2]) {
-      const bool tail = knext - 16 * t >= k_full;  // uniform across the warp
+      const bool in_k = xchunk < full_chunks || xchunk * 64 < k_lane;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const uint4* xp = reinterpret_cast<const uint4*>(xnext[j]);
-        if (xok[j] && (!tail || knext < p.K)) {
+        if (xok[j] && in_k) {
           xv[j][0] = __ldg(xp);
           xv[j][1] = __ldg(xp + 1);
         } else {
@@ -360,7 +364,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
         }
         xnext[j] += 64;
       }
-      knext += 64;
+      ++xchunk;
     };
 #pragma unroll
     for (int u = 0; u < U; ++u)

@@ -56,14 +56,25 @@ class ScaledMM(RowwiseFP8):
 
 
 def rowwise_fp8(x2, qw, w, w_scales, bias, out_dtype, out):
-    """Our e4m3 activation quantizer, then ``torch._scaled_mm`` row-wise on ``w`` (e4m3 [N, K], K-contiguous) with
-    fp32 ``w_scales`` [1, N]: fast accumulation off (the fp8 standard)."""
+    """Our e4m3 activation quantizer, then ``torch._scaled_mm`` on ``w`` (e4m3 [N, K], K-contiguous) with fp32
+    ``w_scales`` [1, N]: fast accumulation off (the fp8 standard).
+
+    Row-wise scaling writes bf16 with a bf16 bias only, so it runs when the call wants exactly that.  Any other
+    output or bias type takes cuBLASLt's fp32 sums (unit scales) and applies the scales and the bias in fp32:
+    nothing rounds through bf16 on the way (an fp32 bias or an fp16 / fp32 output would lose bits there)."""
     from ..dense import check_act_group, triton_quantize_activation
     check_act_group(qw.scheme.act, qw.K)
     q = triton_quantize_activation(x2, qw.scheme.act, qw.input_scale)
-    b = None if bias is None else bias.to(torch.bfloat16)
-    y = torch._scaled_mm(q.codes.view(torch.float8_e4m3fn), w.t(), scale_a=q.scales, scale_b=w_scales, bias=b,
-                         out_dtype=torch.bfloat16, use_fast_accum=False)
+    a = q.codes.view(torch.float8_e4m3fn)
+    if out_dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16):
+        y = torch._scaled_mm(a, w.t(), scale_a=q.scales, scale_b=w_scales, bias=bias, out_dtype=torch.bfloat16,
+                             use_fast_accum=False)
+    else:
+        one = torch.ones((), dtype=torch.float32, device=a.device)
+        y = torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=False)
+        y = y.mul_(q.scales).mul_(w_scales)
+        if bias is not None:
+            y = y.add_(bias.float())
     return out.copy_(y) if out is not None else y.to(out_dtype)
 
 
