@@ -296,3 +296,37 @@ def test_dense_decode_kernel_registers(tmp_path):
                            a.replace("(anonymous namespace)::", ""))}
     assert len(hot) == 10, sorted(dense)
     assert max(hot.values()) <= DENSE_REG_BUDGET, hot
+    # the hot loop's length: ptxas once branched around the x loads instead of predicating them, +5 instructions
+    # per chunk and M = 1 rows 4-7 % slower on the H200 (session 9); the budgets are the measured-fast builds'
+    sass = subprocess.run([tool, "-sass", str(obj)], capture_output=True, text=True, timeout=600).stdout
+    sass = subprocess.run(["c++filt"], input=sass, capture_output=True, text=True).stdout
+    for args, budget in DENSE_LOOP_BUDGET.items():
+        n = _main_loop_length(sass, f"decode_mma_kernel<{args}>")
+        assert n <= budget, f"decode_mma_kernel<{args}>: {n} instructions in the chunk loop (budget {budget})"
+
+
+# one token tile, U = 1 (the M = 1 winners): instructions of the chunk loop, sm_90
+DENSE_LOOP_BUDGET = {"__nv_bfloat16, 4, 1, false, 1, false": 108, "__nv_bfloat16, 40, 1, false, 1, false": 168,
+                     "__nv_bfloat16, 8, 1, false, 1, false": 149}
+
+
+def _main_loop_length(sass: str, kernel: str) -> int:
+    """Instructions of the innermost backward-branch loop holding the most HMMAs of ``kernel``'s sm_90 SASS."""
+    import re
+    body = None
+    for part in re.split(r"\n\s+Function : ", sass):
+        head = part.split("\n", 1)[0].replace("(anonymous namespace)::", "")
+        if kernel in head and "grouped" not in head:
+            body = part
+    assert body, f"{kernel} not in the SASS"
+    ops = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", body)]
+    best = (0, 0)
+    for at, op in ops:
+        m = re.search(r"BRA (?:P\d, )?0x([0-9a-f]+)", op)
+        if m and int(m.group(1), 16) < at:
+            loop = [o for a, o in ops if int(m.group(1), 16) <= a <= at]
+            mma = sum("HMMA" in o for o in loop)
+            if mma > best[0] or (mma == best[0] and mma and len(loop) < best[1]):
+                best = (mma, len(loop))
+    assert best[0], f"{kernel}: no loop with an HMMA"
+    return best[1]
