@@ -21,6 +21,15 @@ __all__ = ["Packed", "weight_reason", "repack", "repack_experts", "run", "run_gr
 CHUNK = 64      # K per 16-byte load of int4 codes (one 64-wide chunk: four k16 mma steps)
 MAX_M = 16      # two n-tiles of 8 tokens
 MAX_THREADS = 512
+RING_STAGES = (4, 8)  # chunks per warp of the shared-memory weight ring (dense launches; 0: no ring)
+
+
+def ring_bytes(p: "Packed", kw: int, tw: int, stages: int, m: int) -> int:
+    """Dynamic shared memory of one CTA: the warps' weight rings (and e2m1 scale-code rings), then the buffer of
+    the K-split reduction (decode_mma.cu's launch)."""
+    loads = 2 if p.code_bits == 8 else 1
+    ring = kw * tw * stages * (loads * 512 + (64 if p.fp4_scales is not None else 0))
+    return ring + (kw * tw * 32 * 4 * (1 if m <= 8 else 2) * 4 if kw > 1 else 0)
 
 
 FP4_KINDS = {("e8m0", 32, False): 40, ("e4m3fn", 16, True): 41}  # (scale type, group, global scale) -> kind
@@ -244,6 +253,18 @@ _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
 _OUT_DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}  # bias / out
 
 
+def _check_ring(x2: torch.Tensor, p: "Packed", kw: int, tw: int, stages: int) -> None:
+    if stages == 0:
+        return
+    if stages not in RING_STAGES:
+        raise ValueError(f"stages must be 0 or one of {RING_STAGES}, got {stages}")
+    need = ring_bytes(p, kw, tw, stages, x2.shape[0])
+    have = torch.cuda.get_device_properties(x2.device).shared_memory_per_block_optin if x2.is_cuda else need
+    if need > have:
+        raise ValueError(f"{kw} x {tw} warps with a ring of {stages} chunks need {need} bytes of shared memory; "
+                         f"{x2.device} has {have} per block")
+
+
 def _check(x2: torch.Tensor, out: torch.Tensor, kw: int, tw: int, row_scales=None, act_scales=None, p=None) -> None:
     if x2.dtype not in _DTYPES:
         raise TypeError(f"the native decode kernel takes fp16 / bf16 activations, got {x2.dtype}")
@@ -266,7 +287,7 @@ def _check(x2: torch.Tensor, out: torch.Tensor, kw: int, tw: int, row_scales=Non
 
 
 def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None, row_scales=None,
-            act_scales=None) -> torch.Tensor:
+            act_scales=None, stages: int = 0) -> torch.Tensor:
     if bias is not None and bias.dtype not in _OUT_DTYPES:
         bias = bias.float()
     if p.bits == E4M3 and x2.dtype != torch.float16:
@@ -274,7 +295,7 @@ def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None
     dev = x2.device
     err = library().ht_decode_mma(
         dev.index if dev.index is not None else torch.cuda.current_device(), _DTYPES[x2.dtype], p.bits,
-        int(p.zeros is not None), unroll, kw, tw, p.w.data_ptr(), x2.data_ptr(), p.scales.data_ptr(),
+        int(p.zeros is not None), unroll, stages, kw, tw, p.w.data_ptr(), x2.data_ptr(), p.scales.data_ptr(),
         None if p.zeros is None else p.zeros.data_ptr(),
         None if p.fp4_scales is None else p.fp4_scales.data_ptr(), None if bias is None else bias.data_ptr(),
         _OUT_DTYPES[bias.dtype] if bias is not None else 0, out.data_ptr(), _OUT_DTYPES[out.dtype], m,
@@ -289,18 +310,24 @@ def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None
 
 def run(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None, out: torch.Tensor, kw: int = 8, tw: int = 1,
         unroll: int = 1, out_scale: float = 1.0, row_scales: torch.Tensor | None = None,
-        act_scales: torch.Tensor | None = None) -> torch.Tensor:
+        act_scales: torch.Tensor | None = None, stages: int = 0) -> torch.Tensor:
     """``out[M, N] = row_scales[:, None] * (x2[M, K] @ W^T) (+ bias)`` on torch's current stream.  ``x2``:
     contiguous rows, fp16 / bf16, 16-byte aligned; ``out``: fp16 / bf16 / fp32, unit column stride;
     ``row_scales``: fp32 [M] (a per-token activation scale) or None; ``act_scales``: fp32 [M, groups], the scale
-    of x2's codes per token and weight scale group (int8 / e4m3 weights, fp16 codes) or None."""
+    of x2's codes per token and weight scale group (int8 / e4m3 weights, fp16 codes) or None; ``stages``: the
+    weight streams through a shared-memory ring of that many chunks per warp (``RING_STAGES``; unroll 1), 0: through
+    registers, ``unroll`` chunks ahead."""
     m = x2.shape[0]
     if not 1 <= m <= MAX_M:
         raise ValueError(f"the native decode kernel takes 1..{MAX_M} rows, got {m}")
     if p.experts:
         raise ValueError("a stacked (expert) view runs through run_grouped")
     _check(x2, out, kw, tw, row_scales, act_scales, p)
-    return _launch(x2, p, bias, out, kw, tw, unroll, m, out_scale, row_scales=row_scales, act_scales=act_scales)
+    if stages and unroll != 1:
+        raise ValueError(f"a shared-memory ring computes one chunk at a time (unroll 1), got unroll {unroll}")
+    _check_ring(x2, p, kw, tw, stages)
+    return _launch(x2, p, bias, out, kw, tw, unroll, m, out_scale, row_scales=row_scales, act_scales=act_scales,
+                   stages=stages)
 
 
 def run_grouped(x2: torch.Tensor, p: Packed, offsets: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,

@@ -69,16 +69,16 @@ def odd_shapes(family: str = "mma_decode") -> None:
 
 
 def profile() -> None:
-    """Launches for ncu: M = 1 (w4a16, MXFP4) and M = 16 (w4a16 with the M = 16 table's config: is two token
-    tiles' activation traffic, 4x the int4 weight bytes per chunk, what sets its pace?)."""
+    """Six launches for ncu, one each: w4a16 and MXFP4 at M = 1 with the table's config (8 warps on K x 2 tiles,
+    one chunk ahead in registers) and the same with a shared-memory ring of 4 chunks; w4a16 at M = 16 with the
+    table's config (4 warps on K) and with 4 x 4 warps and a ring of 4 -- occupancy and bytes in flight."""
     fam = families.get("mma_decode")
-    for scheme, m, cfg in [("w4a16", 1, KernelConfig("mma_decode", 16, 16, 64, 8, 8, 8, 4)),
-                           ("mxfp4", 1, KernelConfig("mma_decode", 16, 16, 64, 8, 8, 8, 4)),
-                           ("w4a16", 16, KernelConfig("mma_decode", 16, 16, 64, 4, 8, 4, 1))]:
+    cfg = lambda kw, tw, ring=0: KernelConfig("mma_decode", 16, 16 * tw, 64, kw, 8, kw * tw, 1, ring)  # noqa: E731
+    for scheme, m, c in [("w4a16", 1, cfg(8, 2)), ("w4a16", 1, cfg(8, 2, 4)), ("mxfp4", 1, cfg(8, 2)),
+                         ("mxfp4", 1, cfg(8, 2, 4)), ("w4a16", 16, cfg(4, 1)), ("w4a16", 16, cfg(4, 4, 4))]:
         qw, x = _case(scheme, 8192, 8192, m)
         out = torch.empty(m, 8192, dtype=x.dtype, device="cuda")
-        for _ in range(4):
-            fam.run(x, x, qw, None, x.dtype, cfg, out)
+        fam.run(x, x, qw, None, x.dtype, c, out)
         torch.cuda.synchronize()
 
 

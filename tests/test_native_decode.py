@@ -111,6 +111,31 @@ def test_family_is_registered_for_the_cuda_backend():
     assert "float32" in fam.reason(Call("quant_linear", call.scheme, torch.float32, 4, 8192, 8192))
 
 
+def test_ring_configs_and_their_checks(rng):
+    """The shared-memory ring: candidates at every M, each within the H200's shared memory; bad depths, an unroll
+    beside a ring and a ring on grouped launches are refused before any launch."""
+    from cutlass_ext import decode_mma as dm
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    fam = families.get("mma_decode")
+    qw = _weight("w8a16", 64, 512, rng)
+    p = dm.repack(qw)
+    for m in (1, 16):
+        ring = [c for c in fam.candidates(Call("quant_linear", qw.scheme, torch.bfloat16, m, 8192, 8192))
+                if c.smem_stages]
+        assert ring and all(c.num_stages == 1 and c.smem_stages in dm.RING_STAGES for c in ring)
+        assert all(dm.ring_bytes(p, c.split_k, c.block_n // 16, c.smem_stages, m) <= 227 * 1024 for c in ring)
+        assert "ring=" in ring[0].describe() and "ring=" not in fam.candidates(
+            Call("quant_linear", qw.scheme, torch.bfloat16, m, 8192, 8192))[0].describe()
+    # int8 codes: two 16-byte loads per lane per chunk; 16 warps x 8 chunks x 1 KB + the reduction buffer
+    assert dm.ring_bytes(p, 16, 1, 8, 1) == 16 * 8 * 1024 + 16 * 32 * 16
+    x, out = torch.zeros(1, 512, dtype=torch.bfloat16), torch.empty(1, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="stages must be 0 or one of"):
+        dm.run(x, p, None, out, kw=4, stages=3)
+    with pytest.raises(ValueError, match="one chunk at a time"):
+        dm.run(x, p, None, out, kw=4, unroll=2, stages=4)
+
+
 def test_backend_says_why_without_the_library(monkeypatch, tmp_path):
     from cutlass_ext import native
     from humming_triton import backends
@@ -290,11 +315,11 @@ def test_dense_decode_kernel_registers(tmp_path):
     dense = {args: (int(reg), int(local)) for name, args, reg, local in found if "grouped" not in name}
     assert dense and len(dense) < len(found), "the dense and grouped decode kernels were not both found"
     assert all(local == 0 for _, local in dense.values()), {a: v for a, v in dense.items() if v[1]}
-    # one token tile (NT = 1), no zero point, unroll 1 / 2: the configs the measured table picks at M = 1
+    # one token tile (NT = 1), no zero point, unroll 1 / 2 or a ring of 4 / 8 chunks: the M = 1 candidates
     hot = {a: reg for a, (reg, _) in dense.items()
-           if re.fullmatch(r"(__nv_bfloat16, (4|8|40|41)|__half, 18), 1, false, [12], false",
+           if re.fullmatch(r"(__nv_bfloat16, (4|8|40|41)|__half, 18), 1, false, ([12], false, 0|1, false, [48])",
                            a.replace("(anonymous namespace)::", ""))}
-    assert len(hot) == 10, sorted(dense)
+    assert len(hot) == 20, sorted(dense)
     assert max(hot.values()) <= DENSE_REG_BUDGET, hot
     # the hot loop's length: ptxas once branched around the x loads instead of predicating them, +5 instructions
     # per chunk and M = 1 rows 4-7 % slower on the H200 (session 9); the budgets are the measured-fast builds'
@@ -306,8 +331,11 @@ def test_dense_decode_kernel_registers(tmp_path):
 
 
 # one token tile, U = 1 (the M = 1 winners): instructions of the chunk loop, sm_90
-DENSE_LOOP_BUDGET = {"__nv_bfloat16, 4, 1, false, 1, false": 108, "__nv_bfloat16, 40, 1, false, 1, false": 168,
-                     "__nv_bfloat16, 8, 1, false, 1, false": 149}
+DENSE_LOOP_BUDGET = {"__nv_bfloat16, 4, 1, false, 1, false, 0": 108, "__nv_bfloat16, 40, 1, false, 1, false, 0": 168,
+                     "__nv_bfloat16, 8, 1, false, 1, false, 0": 149,
+                     # the shared-memory ring: + wait, slot address, shared load, async copy and commit per chunk
+                     "__nv_bfloat16, 4, 1, false, 1, false, 4": 119, "__nv_bfloat16, 40, 1, false, 1, false, 4": 184,
+                     "__nv_bfloat16, 8, 1, false, 1, false, 4": 152}
 
 
 def _main_loop_length(sass: str, kernel: str) -> int:
