@@ -21,15 +21,7 @@ __all__ = ["Packed", "weight_reason", "repack", "repack_experts", "run", "run_gr
 CHUNK = 64      # K per 16-byte load of int4 codes (one 64-wide chunk: four k16 mma steps)
 MAX_M = 16      # two n-tiles of 8 tokens
 MAX_THREADS = 512
-RING_STAGES = (4, 8)  # chunks per warp of the shared-memory weight ring (dense launches; 0: no ring)
-
-
-def ring_bytes(p: "Packed", kw: int, tw: int, stages: int, m: int) -> int:
-    """Dynamic shared memory of one CTA: the warps' weight rings (and e2m1 scale-code rings), then the buffer of
-    the K-split reduction (decode_mma.cu's launch)."""
-    loads = 2 if p.code_bits == 8 else 1
-    ring = kw * tw * stages * (loads * 512 + (64 if p.fp4_scales is not None else 0))
-    return ring + (kw * tw * 32 * 4 * (1 if m <= 8 else 2) * 4 if kw > 1 else 0)
+CAPPED_REGS = 64  # the register cap of decode_mma_capped_kernel (two 512-thread blocks per SM)
 
 
 FP4_KINDS = {("e8m0", 32, False): 40, ("e4m3fn", 16, True): 41}  # (scale type, group, global scale) -> kind
@@ -141,10 +133,10 @@ def _fragment_map(bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return row.expand(shape), k.expand(shape), shift.expand(shape)
 
 
-def _pairs(t: torch.Tensor, tiles: int) -> torch.Tensor:
-    """[N, G] per-row values -> [tiles, G, 8, 2]: (row g, row g + 8) of each 16-row tile."""
+def _pairs(t: torch.Tensor, tiles: int, fill: float = 0.0) -> torch.Tensor:
+    """[N, G] per-row values -> [tiles, G, 8, 2]: (row g, row g + 8) of each 16-row tile (``fill`` past N)."""
     n, groups = t.shape
-    padded = t.new_zeros(tiles * 16, groups)
+    padded = t.new_full((tiles * 16, groups), fill)
     padded[:n] = t
     return padded.view(tiles, 2, 8, groups).permute(0, 3, 2, 1).contiguous()
 
@@ -184,7 +176,7 @@ def repack(qw, group_k: int | None = None) -> Packed:
         out[t0:t1] = torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32).view(
             t1 - t0, chunks, loads, 32, words)
     if kind is not None:
-        return Packed(out, torch.ones(1, 1, 8, 2, device=qw.device), None, kind, n, k, 0, 1,
+        return Packed(out, _pairs(fp4_row_exponents(qw).exp2()[:, None], tiles, 1.0), None, kind, n, k, 0, 1,
                       _fp4_scale_codes(qw, tiles, chunks), float(qw.global_scale) if qw.global_scale is not None
                       else 1.0)
     gk = qw.scheme.group_k(k)
@@ -203,16 +195,33 @@ def repack(qw, group_k: int | None = None) -> Packed:
     return Packed(out, scales, zeros, E4M3 if e4m3 else bits, n, k, 0 if groups == 1 else gk // CHUNK, groups)
 
 
+def fp4_row_exponents(qw) -> torch.Tensor:
+    """[N] fp32 j per row: the kernel multiplies block scales by 2^(126 - j), so that with its e2m1 decode (the
+    value times 2^-126) one bf16 multiply makes value x scale x 2^-j, and the fp32 result by 2^j.  e8m0: j from the
+    row's largest finite scale code s (2^(s - 1 - j) <= 2^127: j = s - 128), so the largest products are normal and
+    any block within 2^126 of it exact; e4m3 (2^-9 .. 448): j = 16 for every row."""
+    if str(qw.scheme.scale.dtype) != "e8m0":
+        return torch.full((qw.N,), 16.0, device=qw.device)
+    codes = qw.scales.to(torch.int32)
+    finite = torch.where(codes == 255, torch.zeros_like(codes), codes)  # 255 is NaN: it decodes to inf regardless
+    return (finite.amax(1) - 128).clamp(-126, 126).float()
+
+
 _ONE = {"e8m0": 127, "e4m3fn": 0x38}  # the code of 1.0: padding (a NaN scale times a zero code is still NaN)
 
 
 def _fp4_scale_codes(qw, tiles: int, chunks: int) -> torch.Tensor:
     """[tiles, chunks, 32, 2] uint8: lane (g, t) of chunk c holds k in [64 c + 16 t, +16) -- one block of 16 or
-    32 -- and needs that block's scale codes for rows g and g + 8."""
+    32 -- and needs that block's scale codes for rows g and g + 8 (e8m0: offset by 126 - j of the row, clamped to
+    0..255, so that the code is the bf16 exponent field of the folded scale; e4m3: as they are)."""
     n, gk = qw.N, qw.scheme.scale.block_k
     codes = torch.full((tiles * 16, chunks * CHUNK // gk), _ONE[str(qw.scheme.scale.dtype)], dtype=torch.uint8,
                        device=qw.device)
-    codes[:n, :qw.scales.shape[-1]] = qw.scales
+    real = qw.scales
+    if str(qw.scheme.scale.dtype) == "e8m0":  # as the bf16 exponent field of scale x 2^(126 - j), j per row
+        d = 126 - fp4_row_exponents(qw).long()  # (padding keeps 127: a finite scale of zero codes)
+        real = (real.long() + d[:, None]).clamp(0, 255).to(torch.uint8)
+    codes[:n, :qw.scales.shape[-1]] = real
     lane = torch.arange(32, device=qw.device)
     g, t = lane // 4, lane % 4
     c = torch.arange(chunks, device=qw.device).view(-1, 1)
@@ -253,18 +262,6 @@ _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
 _OUT_DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}  # bias / out
 
 
-def _check_ring(x2: torch.Tensor, p: "Packed", kw: int, tw: int, stages: int) -> None:
-    if stages == 0:
-        return
-    if stages not in RING_STAGES:
-        raise ValueError(f"stages must be 0 or one of {RING_STAGES}, got {stages}")
-    need = ring_bytes(p, kw, tw, stages, x2.shape[0])
-    have = torch.cuda.get_device_properties(x2.device).shared_memory_per_block_optin if x2.is_cuda else need
-    if need > have:
-        raise ValueError(f"{kw} x {tw} warps with a ring of {stages} chunks need {need} bytes of shared memory; "
-                         f"{x2.device} has {have} per block")
-
-
 def _check(x2: torch.Tensor, out: torch.Tensor, kw: int, tw: int, row_scales=None, act_scales=None, p=None) -> None:
     if x2.dtype not in _DTYPES:
         raise TypeError(f"the native decode kernel takes fp16 / bf16 activations, got {x2.dtype}")
@@ -287,7 +284,7 @@ def _check(x2: torch.Tensor, out: torch.Tensor, kw: int, tw: int, row_scales=Non
 
 
 def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None, row_scales=None,
-            act_scales=None, stages: int = 0) -> torch.Tensor:
+            act_scales=None, max_regs: int = 0) -> torch.Tensor:
     if bias is not None and bias.dtype not in _OUT_DTYPES:
         bias = bias.float()
     if p.bits == E4M3 and x2.dtype != torch.float16:
@@ -295,7 +292,7 @@ def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None
     dev = x2.device
     err = library().ht_decode_mma(
         dev.index if dev.index is not None else torch.cuda.current_device(), _DTYPES[x2.dtype], p.bits,
-        int(p.zeros is not None), unroll, stages, kw, tw, p.w.data_ptr(), x2.data_ptr(), p.scales.data_ptr(),
+        int(p.zeros is not None), unroll, max_regs, kw, tw, p.w.data_ptr(), x2.data_ptr(), p.scales.data_ptr(),
         None if p.zeros is None else p.zeros.data_ptr(),
         None if p.fp4_scales is None else p.fp4_scales.data_ptr(), None if bias is None else bias.data_ptr(),
         _OUT_DTYPES[bias.dtype] if bias is not None else 0, out.data_ptr(), _OUT_DTYPES[out.dtype], m,
@@ -310,24 +307,23 @@ def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None
 
 def run(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None, out: torch.Tensor, kw: int = 8, tw: int = 1,
         unroll: int = 1, out_scale: float = 1.0, row_scales: torch.Tensor | None = None,
-        act_scales: torch.Tensor | None = None, stages: int = 0) -> torch.Tensor:
+        act_scales: torch.Tensor | None = None, max_regs: int = 0) -> torch.Tensor:
     """``out[M, N] = row_scales[:, None] * (x2[M, K] @ W^T) (+ bias)`` on torch's current stream.  ``x2``:
     contiguous rows, fp16 / bf16, 16-byte aligned; ``out``: fp16 / bf16 / fp32, unit column stride;
     ``row_scales``: fp32 [M] (a per-token activation scale) or None; ``act_scales``: fp32 [M, groups], the scale
-    of x2's codes per token and weight scale group (int8 / e4m3 weights, fp16 codes) or None; ``stages``: the
-    weight streams through a shared-memory ring of that many chunks per warp (``RING_STAGES``; unroll 1), 0: through
-    registers, ``unroll`` chunks ahead."""
+    of x2's codes per token and weight scale group (int8 / e4m3 weights, fp16 codes) or None; ``max_regs`` 64:
+    the build of the two-token-tile kernel (M > 8, unroll 1) held to 64 registers, 0: the compiler's."""
     m = x2.shape[0]
     if not 1 <= m <= MAX_M:
         raise ValueError(f"the native decode kernel takes 1..{MAX_M} rows, got {m}")
+    if max_regs not in (0, CAPPED_REGS) or (max_regs and (m <= 8 or unroll != 1)):
+        raise ValueError(f"max_regs={max_regs} with M={m}, unroll {unroll}: the capped build is {CAPPED_REGS} "
+                         "registers, for M > 8 (two token tiles) and unroll 1")
     if p.experts:
         raise ValueError("a stacked (expert) view runs through run_grouped")
     _check(x2, out, kw, tw, row_scales, act_scales, p)
-    if stages and unroll != 1:
-        raise ValueError(f"a shared-memory ring computes one chunk at a time (unroll 1), got unroll {unroll}")
-    _check_ring(x2, p, kw, tw, stages)
     return _launch(x2, p, bias, out, kw, tw, unroll, m, out_scale, row_scales=row_scales, act_scales=act_scales,
-                   stages=stages)
+                   max_regs=max_regs)
 
 
 def run_grouped(x2: torch.Tensor, p: Packed, offsets: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
@@ -368,7 +364,14 @@ def emulate(x2: torch.Tensor, p: Packed) -> torch.Tensor:
         table = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64,
                              device=dev)
         sc = p.fp4_scales.to(torch.int64)  # [tiles, chunks, lane, (row g, row g + 8)]
-        sval = torch.exp2(sc.double() - 127) if p.bits == 40 else e4m3[sc]
+        # the block scale folded with 2^(126 - j) of its row: e8m0 codes arrive as that bf16 exponent field (0: zero,
+        # 255: inf), e4m3 codes times 2^110 (j = 16); then the decode's e2m1 value x 2^-126
+        if p.bits == 40:
+            sval = torch.where(sc == 0, 0.0, torch.exp2(sc.double() - 127))
+            sval = torch.where(sc == 255, float("inf"), sval)
+        else:
+            sval = e4m3[sc] * 2.0 ** 110
+        sval = sval * 2.0 ** -126
     for s in range(4):
         for r in range(4):
             for half in range(2):
@@ -378,7 +381,8 @@ def emulate(x2: torch.Tensor, p: Packed) -> torch.Tensor:
                     word = words[:, :, s // 2, :, 2 * (s % 2) + r % 2]
                     field = (word >> (8 * (2 * (r // 2) + half))) & 0xFF
                 if fp4:
-                    val = table[field] * sval[:, :, :, r % 2]  # the lane's block scale
+                    # the lane's folded block scale; the kernel's one bf16 multiply rounds (underflows) as bf16 does
+                    val = (table[field] * sval[:, :, :, r % 2]).to(torch.bfloat16).double()
                 else:
                     val = e4m3[field] if p.bits == E4M3 else field.double()
                 a[:, :, s, g + 8 * (r % 2), 2 * t + 8 * (r // 2) + half] = val
@@ -390,8 +394,10 @@ def emulate(x2: torch.Tensor, p: Packed) -> torch.Tensor:
     c = torch.arange(chunks, device=dev).view(-1, 1, 1)
     s = torch.arange(4, device=dev).view(1, -1, 1)
     b = xk[:, CHUNK * c + 16 * tq + 4 * s + 2 * j + half]  # [M, chunks, step, kappa]: what lane loads as b_j
-    if fp4:
-        return torch.einsum("tcsrk,mcsk->tcrm", a, b).sum(1).reshape(tiles * 16, m)[:p.n].T * p.out_scale
+    if fp4:  # the fp32 result times 2^j per row
+        rows = p.scales[:, 0].permute(0, 2, 1).reshape(tiles * 16).double()
+        y = torch.einsum("tcsrk,mcsk->tcrm", a, b).sum(1).reshape(tiles * 16, m) * rows[:, None]
+        return y[:p.n].T * p.out_scale
     zero = p.zeros if p.zeros is not None else torch.full_like(p.scales, 0.0 if p.bits == E4M3 else
                                                                    float(1 << (p.code_bits - 1)))
 

@@ -42,30 +42,6 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return d;
 }
 
-// Ampere+ asynchronous global -> shared copies (the weight ring of the S > 0 kernels).  .cg: the weight streams
-// once, L1 would only evict the activations.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
-#else
-  *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;");
-#endif
-}
-
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;" ::"n"(PENDING));
-#endif
-}
-
 template <typename T>
 struct Act;
 
@@ -182,10 +158,12 @@ __device__ __forceinline__ void decode_int8(uint32_t qg, uint32_t qg8, const Bia
 }
 
 // e2m1 (MX / NV FP4).  Bits s e1 e0 m placed at bf16 bits 15 and 8..6 give the value times 2^-126 (e = 0 lands
-// in bf16's subnormals, so the map is one and the same for every code); one multiply by 2^126 makes it exact, a
-// second applies the block scale (a power of two, or an e4m3 value: the products need at most 5 significant
-// bits, exact in bf16).  Each thread's 16 codes of a chunk share one block scale per row (the k permutation keeps
-// a thread's k inside one group of 16 or 32), so the scale multiplies the weights, not the fp32 partials.
+// in bf16's subnormals, so the map is one and the same for every code); one multiply by the block scale times
+// 2^(126 - j) makes it the value times scale times 2^-j, exact (a power of two, or an e4m3 value: the products
+// need at most 5 significant bits).  j is per row (repack: e8m0, from the row's largest scale; e4m3: 16), so the
+// folded scale stays a bf16 normal; the fp32 result is multiplied by 2^j (the row's channel scale).  Each thread's
+// 16 codes of a chunk share one block scale per row (the k permutation keeps a thread's k inside one group of 16
+// or 32), so the scale multiplies the weights, not the fp32 partials.
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;  // a * b + (-0): exact where the product is, and -0 keeps the sign of a zero product
   asm("{ .reg .b32 nz;\n  mov.b32 nz, 0x80008000;\n  fma.rn.bf16x2 %0, %1, %2, nz; }" : "=r"(d) : "r"(a), "r"(b));
@@ -196,7 +174,7 @@ __device__ __forceinline__ uint32_t e2m1_pair(uint32_t a, uint32_t b, uint32_t s
   // a: the two magnitudes at bits 6..8 / 22..24, b: their signs at bits 15 / 31 (garbage elsewhere in both)
   uint32_t v;
   asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(v) : "r"(a), "r"(0x01c001c0u), "r"(b & 0x80008000u));  // (a & M) | b
-  return bf16x2_mul(bf16x2_mul(v, 0x7e807e80u), scale2);  // x 2^126, x scale
+  return bf16x2_mul(v, scale2);  // x scale x 2^(126 - j)
 }
 
 __device__ __forceinline__ void decode_e2m1(uint32_t q, uint32_t sg, uint32_t sg8, uint32_t (&a)[4]) {
@@ -207,19 +185,21 @@ __device__ __forceinline__ void decode_e2m1(uint32_t q, uint32_t sg, uint32_t sg
   a[3] = e2m1_pair(q >> 6, q, sg8);
 }
 
-// Block-scale codes of rows g (low byte) and g + 8 (high byte) -> bf16x2 (s, s) per row.
+// Block-scale codes of rows g (low byte) and g + 8 (high byte) -> bf16x2 (S, S) per row, S = scale x 2^(126 - j).
+// e8m0: repack stores each code as S's bf16 exponent field, e + 126 - j clamped to 0..255 (0: a block 2^126 under
+// its row's largest, whose products an fp32 sum would not keep; 255: the NaN code, inf as before the fold).
 template <int KIND>
 __device__ __forceinline__ void fp4_scales(uint32_t code16, uint32_t& sg, uint32_t& sg8) {
-  if constexpr (KIND == 40) {  // e8m0: 2^(e - 127) is bf16 exponent field e; e = 0 is the subnormal 2^-127 (0x0040)
-    const uint32_t lo = max((code16 & 0xffu) << 7, 0x40u), hi = max(((code16 >> 8) & 0xffu) << 7, 0x40u);
+  if constexpr (KIND == 40) {
+    const uint32_t lo = (code16 & 0xffu) << 7, hi = (code16 >> 1) & 0x7f80u;
     sg = lo | (lo << 16);
     sg8 = hi | (hi << 16);
-  } else {  // e4m3 -> fp32 -> bf16 (exact)
+  } else {  // e4m3 x 2^110 (j = 16) -> fp32 -> bf16, exact: 2^-9 .. 448 lands in 2^101 .. 2^119
     float f[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const uint32_t b = (code16 >> (8 * i)) & 0xffu, e = (b >> 3) & 15u, m = b & 7u;
-      float v = e == 0 ? float(m) * 0.001953125f : __uint_as_float(((e + 120u) << 23) | (m << 20));
+      float v = e == 0 ? float(m) * __uint_as_float(228u << 23) /* 2^101 */ : __uint_as_float(((e + 230u) << 23) | (m << 20));
       f[i] = (b & 0x80u) ? -v : v;
     }
     sg = Act<__nv_bfloat16>::pack(f[0], f[0]);
@@ -308,12 +288,8 @@ __device__ __forceinline__ void fold(float (&acc)[NT][4], const float (&part)[NT
 
 // KIND: 4 int4, 8 int8 (codes as unsigned offsets, fp32 group scales), 18 e4m3 (fp16 only), 40 e2m1 + e8m0,
 // 41 e2m1 + e4m3 (bf16 only).  XG: activation codes with a scale per token and weight scale group (act_scales).
-// S > 0 (with U = 1): the weight streams through a ring of S chunks per warp in shared memory (cp.async), S - 1
-// chunks in flight while one is computed, without the registers a ring of U chunks holds; the group scales (and
-// zero points) are then loaded one group ahead.
-template <typename T, int KIND, int NT, bool ZERO, int U, bool GROUPED, bool XG = false, int S = 0>
+template <typename T, int KIND, int NT, bool ZERO, int U, bool GROUPED, bool XG = false>
 __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
-  static_assert(S == 0 || (U == 1 && S >= 2 && (S & (S - 1)) == 0), "the ring: one chunk at a time, 2^n slots");
   constexpr bool FP4 = KIND >= 40;
   constexpr int BITS = FP4 ? 4 : (KIND == 18 ? 8 : KIND);
   constexpr int LOADS = code_loads(KIND);  // 16-byte loads of codes per thread per chunk
@@ -321,11 +297,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
   const int g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x * blockDim.z + tw;
   const int tiles = (p.N + 15) >> 4;
-  // S > 0: every warp's ring (S chunks of codes, then S x 64 bytes of e2m1 block-scale codes), then the buffer of
-  // the K-split reduction [TW][KW][32][4 NT]
-  constexpr int RING = S * (LOADS * 32 + (FP4 ? 4 : 0));  // 16-byte words per warp
-  extern __shared__ uint4 dyn_smem[];
-  float* red = reinterpret_cast<float*>(dyn_smem + (size_t)blockDim.z * KW * RING);
+  extern __shared__ float red[];  // [TW][KW][32][4 NT]
 
   float acc[NT][4], part[NT][4];
 #pragma unroll
@@ -352,15 +324,8 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
     const float2* sp = v.scales + ((size_t)tile * p.groups + (channel ? 0 : c0 / p.group_chunks)) * 8 + g;
     const float2* zp = ZERO ? v.zeros + (sp - v.scales) : nullptr;
     const float c_sym = float(1 << (BITS - 1));
-    if constexpr (!FP4) s_cur = *sp;
+    if constexpr (!FP4) s_cur = *sp;  // e2m1: read after the loop (2^j of rows g / g + 8, j folded into the scales)
     float2 z_cur = ZERO ? *zp : make_float2(c_sym, c_sym);
-    // S > 0: the next group's scale (and zero point) in flight a whole group ahead of its use
-    int gmore = channel ? 0 : (c1 - 1) / p.group_chunks - c0 / p.group_chunks;  // this warp's groups after this
-    float2 s_nxt = s_cur, z_nxt = z_cur;
-    if (S > 0 && gmore > 0) {
-      if constexpr (!FP4) s_nxt = sp[8];
-      if constexpr (ZERO) z_nxt = zp[8];
-    }
     Bias<T, BITS> bias;
     bias.set(z_cur.x, z_cur.y);
 
@@ -405,138 +370,80 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
       }
       ++xchunk;
     };
-    uint4* wring = dyn_smem + (size_t)(tw * KW + kw) * RING + lane;  // S > 0: this lane's [S][LOADS] of the ring
-    const uint4* snext4 =  // e2m1 with S > 0: a chunk's 32 lanes' scale codes are 64 contiguous bytes
-        FP4 && S > 0 ? reinterpret_cast<const uint4*>(v.fp4_scales + ((size_t)tile * p.chunks + c0) * 32) : nullptr;
-    // chunk c lives in slot c % S (S a power of two): a slot's address is one mask and one shift of the chunk
-    auto wslot = [&](int c) { return wring + (c & (S - 1)) * (LOADS * 32); };
-    auto sslot = [&](int c) { return dyn_smem + (size_t)(tw * KW + kw) * RING + S * LOADS * 32 + (c & (S - 1)) * 4; };
-    auto copy_w = [&](int c) {  // the next chunk (c) into its ring slot
 #pragma unroll
-      for (int l = 0; l < LOADS; ++l) cp_async16(wslot(c) + l * 32, wnext + l * 32);
-      wnext += LOADS * 32;
-      if constexpr (FP4) {
-        if (lane < 4) cp_async16(sslot(c) + lane, snext4 + lane);
-        snext4 += 4;
-      }
-    };
-    if constexpr (S > 0) {
-#pragma unroll
-      for (int s = 0; s < S - 1; ++s) {
-        if (c0 + s < c1) copy_w(c0 + s);
-        cp_async_commit();  // one group per chunk, empty or not: wait_group counts chunks
-      }
-    } else {
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (c0 + u < c1) load_w(wb[u], sb[u]);
-    }
+    for (int u = 0; u < U; ++u)
+      if (c0 + u < c1) load_w(wb[u], sb[u]);
     load_x(xb[0]);
 
-    // one chunk's mma steps on its codes, activations and (e2m1) block-scale codes
-    auto compute = [&](const uint4 (&wcur)[LOADS], const uint4 (&xv)[NT][2], uint32_t scur) {
-      const uint32_t* wq = reinterpret_cast<const uint32_t*>(wcur);
-      uint32_t sg = 0, sg8 = 0;
-      if constexpr (FP4) fp4_scales<KIND>(scur, sg, sg8);
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        uint32_t a[4];
-        if constexpr (FP4)
-          decode_e2m1(wq[s], sg, sg8, a);
-        else if constexpr (KIND == 18)
-          decode_e4m3(wq[2 * s], wq[2 * s + 1], a);
-        else if constexpr (BITS == 4)
-          decode_int4(wq[s], bias, a);
-        else
-          decode_int8(wq[2 * s], wq[2 * s + 1], bias, a);
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const uint32_t* xr = reinterpret_cast<const uint32_t*>(xv[j]);
-          Act<T>::mma(part[j], a, xr[2 * s], xr[2 * s + 1]);
-        }
-      }
-    };
     int left = channel ? 0x7fffffff : p.group_chunks;  // chunks until the current scale group ends
     if constexpr (XG) grp = c0 / p.group_chunks;
-    auto end_chunk = [&](bool more) {  // more: this warp has chunks after this one
-      if (--left == 0 && more) {  // a group ends: scale its partial sums
-        left = p.group_chunks;
-        fold<NT, XG>(acc, part, s_cur, v, p.act_ld, grp++, t);
+    for (int c = c0; c < c1; c += U) {
 #pragma unroll
-        for (int j = 0; j < NT; ++j) part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
-        sp += 8;
-        if constexpr (ZERO) zp += 8;
-        if constexpr (S > 0) {
-          --gmore;
-          if constexpr (!FP4) s_cur = s_nxt;
-          if constexpr (ZERO) z_cur = z_nxt;
-          if (gmore > 0) {
-            if constexpr (!FP4) s_nxt = sp[8];
-            if constexpr (ZERO) z_nxt = zp[8];
-          }
-        } else {
-          s_cur = *sp;
-          if constexpr (ZERO) z_cur = *zp;
-        }
-        if constexpr (ZERO) bias.set(z_cur.x, z_cur.y);
-      }
-    };
-    if constexpr (S > 0) {
-      // counted down: with c1 in the loop ptxas recomputed it from the parameters every chunk
-      int cc = c0;
-      for (int rem = c1 - c0; rem > 0; --rem, ++cc) {
-        cp_async_wait<S - 2>();  // this lane's copies of chunk cc have landed
-        // e2m1: lanes 0-3 copied the warp's scale codes; the barrier also orders every lane's read of the slot
-        // refilled below (chunk cc - 1's) before the refill
-        if constexpr (FP4) __syncwarp();
-        uint4 wcur[LOADS], xv[NT][2];
+      for (int u = 0; u < U; ++u) {
+        const int cc = c + u;
+        if (cc < c1) {
+          uint4 wcur[LOADS], xv[NT][2];
+          uint32_t scur = 0;
+          if constexpr (U == 1) {  // copy out, then refill the same registers with the next chunk
 #pragma unroll
-        for (int l = 0; l < LOADS; ++l) wcur[l] = wslot(cc)[l * 32];
-        uint32_t scur = 0;
-        if constexpr (FP4) scur = reinterpret_cast<const uint16_t*>(sslot(cc))[lane];
+            for (int l = 0; l < LOADS; ++l) wcur[l] = wb[0][l];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) xv[j][0] = xb[0][j][0], xv[j][1] = xb[0][j][1];
-        load_x(xb[0]);  // past the warp's chunks: a harmless L2 read (past K it loads nothing)
-        if (rem >= S) copy_w(cc + S - 1);
-        cp_async_commit();
-        compute(wcur, xv, scur);
-        end_chunk(rem > 1);
-      }
-    } else {
-      for (int c = c0; c < c1; c += U) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int cc = c + u;
-          if (cc < c1) {
-            uint4 wcur[LOADS], xv[NT][2];
-            uint32_t scur = 0;
-            if constexpr (U == 1) {  // copy out, then refill the same registers with the next chunk
-#pragma unroll
-              for (int l = 0; l < LOADS; ++l) wcur[l] = wb[0][l];
-#pragma unroll
-              for (int j = 0; j < NT; ++j) xv[j][0] = xb[0][j][0], xv[j][1] = xb[0][j][1];
-              scur = sb[0];
-              if (cc + 1 < c1) {
-                load_w(wb[0], sb[0]);
-                load_x(xb[0]);
-              }
-            } else {  // (cc - c0) % 2 == u % 2: U is even
-#pragma unroll
-              for (int l = 0; l < LOADS; ++l) wcur[l] = wb[u][l];
-#pragma unroll
-              for (int j = 0; j < NT; ++j) xv[j][0] = xb[u & 1][j][0], xv[j][1] = xb[u & 1][j][1];
-              scur = sb[u];
-              if (cc + 1 < c1) load_x(xb[(u + 1) & 1]);
+            for (int j = 0; j < NT; ++j) xv[j][0] = xb[0][j][0], xv[j][1] = xb[0][j][1];
+            scur = sb[0];
+            if (cc + 1 < c1) {
+              load_w(wb[0], sb[0]);
+              load_x(xb[0]);
             }
-            compute(wcur, xv, scur);
-            if (U > 1 && cc + U < c1) load_w(wb[u], sb[u]);
-            end_chunk(cc + 1 < c1);
+          } else {  // (cc - c0) % 2 == u % 2: U is even
+#pragma unroll
+            for (int l = 0; l < LOADS; ++l) wcur[l] = wb[u][l];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) xv[j][0] = xb[u & 1][j][0], xv[j][1] = xb[u & 1][j][1];
+            scur = sb[u];
+            if (cc + 1 < c1) load_x(xb[(u + 1) & 1]);
+          }
+          const uint32_t* wq = reinterpret_cast<const uint32_t*>(wcur);
+          uint32_t sg = 0, sg8 = 0;
+          if constexpr (FP4) fp4_scales<KIND>(scur, sg, sg8);
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            uint32_t a[4];
+            if constexpr (FP4)
+              decode_e2m1(wq[s], sg, sg8, a);
+            else if constexpr (KIND == 18)
+              decode_e4m3(wq[2 * s], wq[2 * s + 1], a);
+            else if constexpr (BITS == 4)
+              decode_int4(wq[s], bias, a);
+            else
+              decode_int8(wq[2 * s], wq[2 * s + 1], bias, a);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+              const uint32_t* xr = reinterpret_cast<const uint32_t*>(xv[j]);
+              Act<T>::mma(part[j], a, xr[2 * s], xr[2 * s + 1]);
+            }
+          }
+          if (U > 1 && cc + U < c1) load_w(wb[u], sb[u]);
+          if (--left == 0 && cc + 1 < c1) {  // a group ends: scale its partial sums
+            left = p.group_chunks;
+            fold<NT, XG>(acc, part, s_cur, v, p.act_ld, grp++, t);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
+            sp += 8;
+            s_cur = *sp;
+            if constexpr (ZERO) {
+              zp += 8;
+              z_cur = *zp;
+              bias.set(z_cur.x, z_cur.y);
+            }
           }
         }
       }
     }
   }
   // the last (or only) group's partials (an idle warp's are zero: XG must not read a group past the last)
+  if constexpr (FP4) {
+    if (tile < tiles) s_cur = v.scales[(size_t)tile * 8 + g];  // channel: one group
+  }
   if (!XG || active) fold<NT, XG>(acc, part, s_cur, v, p.act_ld, grp, t);
   if (KW > 1) {
     float* mine = red + ((size_t)(tw * KW + kw) * 32 + lane) * 4 * NT;
@@ -578,11 +485,21 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 
 // Dense and grouped launches are separate kernels: registers are allocated per kernel, and the grouped pass loop
 // in the dense kernel took it from 64 to the 128 cap (measured: M = 1 rows 17-36 % slower on the H200).
-template <typename T, int KIND, int NT, bool ZERO, int U, bool XG, int S>
+template <typename T, int KIND, int NT, bool ZERO, int U, bool XG>
 __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
   const View v{p.w, p.row_scales, p.act_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M,
                p.out_scale};
-  decode_tile<T, KIND, NT, ZERO, U, false, XG, S>(p, v);
+  decode_tile<T, KIND, NT, ZERO, U, false, XG>(p, v);
+}
+
+// The same, held to 64 registers (two 512-thread blocks' worth per SM): the two-token-tile kernels take 86-98
+// without it, 31 % theoretical occupancy; with it ptxas rematerialises (+33 % loop instructions, no spills).  Its
+// own kernel: a minimum-blocks bound of 1 on the others changed their allocation (int8: 64 -> 72 registers).
+template <typename T, int KIND, int NT, bool ZERO, bool XG>
+__global__ void __launch_bounds__(512, 2) decode_mma_capped_kernel(const Params p) {
+  const View v{p.w, p.row_scales, p.act_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M,
+               p.out_scale};
+  decode_tile<T, KIND, NT, ZERO, 1, false, XG>(p, v);
 }
 
 template <typename T, int KIND, int NT, bool ZERO, int U>
@@ -613,53 +530,33 @@ __global__ void __launch_bounds__(512) decode_mma_grouped_kernel(const Params p)
   }
 }
 
-// Dynamic shared memory past the default 48 KB must be opted into, per kernel and device (remembered: the call
-// is not free at decode's microseconds).
-template <typename Kernel>
-cudaError_t allow_smem(Kernel kernel, size_t bytes) {
-  constexpr size_t DEFAULT = 48 * 1024;
-  static size_t allowed[64] = {};  // per device ordinal, of this kernel
-  if (bytes <= DEFAULT) return cudaSuccess;
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  if (dev < 64 && allowed[dev] >= bytes) return cudaSuccess;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (err == cudaSuccess && dev < 64) allowed[dev] = bytes;
-  return err;
-}
-
-template <typename T, int BITS, int NT, bool ZERO, int U, bool XG, int S = 0>
+template <typename T, int BITS, int NT, bool ZERO, int U, bool XG, bool CAPPED = false>
 cudaError_t launch(const Params& p, int experts, int kw, int tw, cudaStream_t stream) {
-  constexpr int LOADS = code_loads(BITS);
   const int tiles = (p.N + 15) / 16;
   dim3 block(32, kw, tw), grid((tiles + tw - 1) / tw, experts);
-  const size_t ring = (size_t)tw * kw * S * (LOADS * 32 + (BITS >= 40 ? 4 : 0)) * 16;
-  const size_t smem = ring + (kw > 1 ? (size_t)tw * kw * 32 * 4 * NT * sizeof(float) : 0);
-  if constexpr (XG || S > 0) {  // dense launches only
+  const size_t smem = kw > 1 ? (size_t)tw * kw * 32 * 4 * NT * sizeof(float) : 0;
+  if constexpr (CAPPED) {  // dense launches only
     if (p.offsets != nullptr) return cudaErrorInvalidValue;
-    cudaError_t err = allow_smem(decode_mma_kernel<T, BITS, NT, ZERO, U, XG, S>, smem);
-    if (err != cudaSuccess) return err;
-    decode_mma_kernel<T, BITS, NT, ZERO, U, XG, S><<<grid, block, smem, stream>>>(p);
+    decode_mma_capped_kernel<T, BITS, NT, ZERO, XG><<<grid, block, smem, stream>>>(p);
+  } else if constexpr (XG) {  // dense launches only
+    decode_mma_kernel<T, BITS, NT, ZERO, U, true><<<grid, block, smem, stream>>>(p);
   } else {
     if (p.offsets == nullptr)
-      decode_mma_kernel<T, BITS, NT, ZERO, U, false, 0><<<grid, block, smem, stream>>>(p);
+      decode_mma_kernel<T, BITS, NT, ZERO, U, false><<<grid, block, smem, stream>>>(p);
     else
       decode_mma_grouped_kernel<T, BITS, NT, ZERO, U><<<grid, block, smem, stream>>>(p);
   }
   return cudaGetLastError();
 }
 
-// stages > 0: the shared-memory ring of that many chunks per warp (one chunk computed at a time: unroll 1).
+// max_regs 64: the capped build of the two-token-tile kernel (one chunk ahead); 0: the compiler's allocation.
 template <typename T, int BITS, int NT, bool ZERO, bool XG = false>
-cudaError_t pick_unroll(const Params& p, int experts, int unroll, int stages, int kw, int tw, cudaStream_t s) {
-  if (stages != 0) {
-    if (unroll != 1) return cudaErrorInvalidValue;
-    switch (stages) {
-      case 4: return launch<T, BITS, NT, ZERO, 1, XG, 4>(p, experts, kw, tw, s);
-      case 8: return launch<T, BITS, NT, ZERO, 1, XG, 8>(p, experts, kw, tw, s);
-      default: return cudaErrorInvalidValue;
+cudaError_t pick_unroll(const Params& p, int experts, int unroll, int max_regs, int kw, int tw, cudaStream_t s) {
+  if (max_regs != 0) {
+    if constexpr (NT == 2) {
+      if (max_regs == 64 && unroll == 1) return launch<T, BITS, NT, ZERO, 1, XG, true>(p, experts, kw, tw, s);
     }
+    return cudaErrorInvalidValue;
   }
   switch (unroll) {
     case 1: return launch<T, BITS, NT, ZERO, 1, XG>(p, experts, kw, tw, s);
@@ -675,24 +572,24 @@ cudaError_t pick_unroll(const Params& p, int experts, int unroll, int stages, in
 // Activation codes with group scales (XG): e4m3 and int8 weights with fp16 codes (W8A8 with g<K> activation
 // scales), dense launches, one or two token tiles.
 template <int BITS>
-cudaError_t pick_act_groups(const Params& p, int nt, int unroll, int stages, int kw, int tw, cudaStream_t s) {
-  if (nt == 1) return pick_unroll<__half, BITS, 1, false, true>(p, 1, unroll, stages, kw, tw, s);
-  if (nt == 2) return pick_unroll<__half, BITS, 2, false, true>(p, 1, unroll, stages, kw, tw, s);
+cudaError_t pick_act_groups(const Params& p, int nt, int unroll, int max_regs, int kw, int tw, cudaStream_t s) {
+  if (nt == 1) return pick_unroll<__half, BITS, 1, false, true>(p, 1, unroll, max_regs, kw, tw, s);
+  if (nt == 2) return pick_unroll<__half, BITS, 2, false, true>(p, 1, unroll, max_regs, kw, tw, s);
   return cudaErrorInvalidValue;
 }
 
 template <typename T, int BITS>
-cudaError_t pick_rest(const Params& p, int experts, int nt, bool zero, int unroll, int stages, int kw, int tw,
+cudaError_t pick_rest(const Params& p, int experts, int nt, bool zero, int unroll, int max_regs, int kw, int tw,
                       cudaStream_t s) {
   // e4m3 and e2m1 have no zero points (the else keeps their ZERO kernels from being instantiated at all)
   if constexpr (BITS >= 18) {
-    if (nt == 1) return pick_unroll<T, BITS, 1, false>(p, experts, unroll, stages, kw, tw, s);
-    if (nt == 2) return pick_unroll<T, BITS, 2, false>(p, experts, unroll, stages, kw, tw, s);
+    if (nt == 1) return pick_unroll<T, BITS, 1, false>(p, experts, unroll, max_regs, kw, tw, s);
+    if (nt == 2) return pick_unroll<T, BITS, 2, false>(p, experts, unroll, max_regs, kw, tw, s);
   } else {
-    if (nt == 1) return zero ? pick_unroll<T, BITS, 1, true>(p, experts, unroll, stages, kw, tw, s)
-                             : pick_unroll<T, BITS, 1, false>(p, experts, unroll, stages, kw, tw, s);
-    if (nt == 2) return zero ? pick_unroll<T, BITS, 2, true>(p, experts, unroll, stages, kw, tw, s)
-                             : pick_unroll<T, BITS, 2, false>(p, experts, unroll, stages, kw, tw, s);
+    if (nt == 1) return zero ? pick_unroll<T, BITS, 1, true>(p, experts, unroll, max_regs, kw, tw, s)
+                             : pick_unroll<T, BITS, 1, false>(p, experts, unroll, max_regs, kw, tw, s);
+    if (nt == 2) return zero ? pick_unroll<T, BITS, 2, true>(p, experts, unroll, max_regs, kw, tw, s)
+                             : pick_unroll<T, BITS, 2, false>(p, experts, unroll, max_regs, kw, tw, s);
   }
   return cudaErrorInvalidValue;
 }
@@ -711,14 +608,13 @@ int ht_decode_mma_abi() { return 5; }
 // device: the CUDA device of every pointer and of stream (this library's runtime keeps its own current device).
 // Grouped (MoE): offsets [experts + 1] (int32, or int64 when offsets_i64) of x / y rows per expert, every weight
 // array expert-major; M is then the rows per pass (8: one token tile, 16: two), any number of rows per expert.
-int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int stages, int kw, int tw, const void* w,
+int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int max_regs, int kw, int tw, const void* w,
                   const void* x, const void* scales, const void* zeros, const void* fp4_scales, const void* bias,
                   int bias_dtype, void* y, int out_dtype, int M, int N, int K, int ldx, int ldy, int group_chunks,
                   int groups, int chunks_per_warp, float out_scale, const float* row_scales,
                   const float* act_scales, int act_ld, const void* offsets, int offsets_i64, int experts,
                   const float* out_scales, void* stream) {
-  if (M < 1 || (offsets == nullptr && M > 16) || kw < 1 || tw < 1 || 32 * kw * tw > 512 || experts < 1 ||
-      (stages != 0 && offsets != nullptr))
+  if (M < 1 || (offsets == nullptr && M > 16) || kw < 1 || tw < 1 || 32 * kw * tw > 512 || experts < 1)
     return cudaErrorInvalidValue;  // grouped launches: M is the rows per pass (8 or 16)
   if (bits >= 40 && (dtype != 1 || zero)) return cudaErrorInvalidValue;  // e2m1: bf16 activations, no zero point
   if (bits == 18 && (dtype != 0 || zero)) return cudaErrorInvalidValue;  // e4m3: fp16 activations, no zero point
@@ -730,7 +626,7 @@ int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int sta
   if (err != cudaSuccess) return err;
   if (bits == 18) {  // cvt.rn.f16x2.e4m3x2 is sm_89+: the binary this device runs must have been built for it
     cudaFuncAttributes attr;  // (an sm_89 GPU runs the sm_80 cubin of an 80,90 build, whose e4m3 decode is empty)
-    err = cudaFuncGetAttributes(&attr, decode_mma_kernel<__half, 18, 1, false, 1, false, 0>);
+    err = cudaFuncGetAttributes(&attr, decode_mma_kernel<__half, 18, 1, false, 1, false>);
     if (err != cudaSuccess) return err;
     if (attr.binaryVersion < 89) return cudaErrorNotSupported;
   }
@@ -741,14 +637,14 @@ int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int sta
   const int nt = M <= 8 ? 1 : 2;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (act_scales != nullptr)
-    return bits == 18 ? pick_act_groups<18>(p, nt, unroll, stages, kw, tw, s) : pick_act_groups<8>(p, nt, unroll, stages, kw, tw, s);
-  if (dtype == 0 && bits == 4) return pick_rest<__half, 4>(p, experts, nt, zero, unroll, stages, kw, tw, s);
-  if (dtype == 0 && bits == 8) return pick_rest<__half, 8>(p, experts, nt, zero, unroll, stages, kw, tw, s);
-  if (dtype == 1 && bits == 4) return pick_rest<__nv_bfloat16, 4>(p, experts, nt, zero, unroll, stages, kw, tw, s);
-  if (dtype == 1 && bits == 8) return pick_rest<__nv_bfloat16, 8>(p, experts, nt, zero, unroll, stages, kw, tw, s);
-  if (dtype == 0 && bits == 18) return pick_rest<__half, 18>(p, experts, nt, false, unroll, stages, kw, tw, s);
-  if (dtype == 1 && bits == 40) return pick_rest<__nv_bfloat16, 40>(p, experts, nt, false, unroll, stages, kw, tw, s);
-  if (dtype == 1 && bits == 41) return pick_rest<__nv_bfloat16, 41>(p, experts, nt, false, unroll, stages, kw, tw, s);
+    return bits == 18 ? pick_act_groups<18>(p, nt, unroll, max_regs, kw, tw, s) : pick_act_groups<8>(p, nt, unroll, max_regs, kw, tw, s);
+  if (dtype == 0 && bits == 4) return pick_rest<__half, 4>(p, experts, nt, zero, unroll, max_regs, kw, tw, s);
+  if (dtype == 0 && bits == 8) return pick_rest<__half, 8>(p, experts, nt, zero, unroll, max_regs, kw, tw, s);
+  if (dtype == 1 && bits == 4) return pick_rest<__nv_bfloat16, 4>(p, experts, nt, zero, unroll, max_regs, kw, tw, s);
+  if (dtype == 1 && bits == 8) return pick_rest<__nv_bfloat16, 8>(p, experts, nt, zero, unroll, max_regs, kw, tw, s);
+  if (dtype == 0 && bits == 18) return pick_rest<__half, 18>(p, experts, nt, false, unroll, max_regs, kw, tw, s);
+  if (dtype == 1 && bits == 40) return pick_rest<__nv_bfloat16, 40>(p, experts, nt, false, unroll, max_regs, kw, tw, s);
+  if (dtype == 1 && bits == 41) return pick_rest<__nv_bfloat16, 41>(p, experts, nt, false, unroll, max_regs, kw, tw, s);
   return cudaErrorInvalidValue;
 }
 
