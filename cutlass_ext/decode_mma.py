@@ -21,7 +21,6 @@ __all__ = ["Packed", "weight_reason", "repack", "repack_experts", "run", "run_gr
 CHUNK = 64      # K per 16-byte load of int4 codes (one 64-wide chunk: four k16 mma steps)
 MAX_M = 16      # two n-tiles of 8 tokens
 MAX_THREADS = 512
-CAPPED_REGS = 64  # the register cap of decode_mma_capped_kernel (two 512-thread blocks per SM)
 
 
 FP4_KINDS = {("e8m0", 32, False): 40, ("e4m3fn", 16, True): 41}  # (scale type, group, global scale) -> kind
@@ -284,7 +283,7 @@ def _check(x2: torch.Tensor, out: torch.Tensor, kw: int, tw: int, row_scales=Non
 
 
 def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None, row_scales=None,
-            act_scales=None, max_regs: int = 0) -> torch.Tensor:
+            act_scales=None) -> torch.Tensor:
     if bias is not None and bias.dtype not in _OUT_DTYPES:
         bias = bias.float()
     if p.bits == E4M3 and x2.dtype != torch.float16:
@@ -292,7 +291,7 @@ def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None
     dev = x2.device
     err = library().ht_decode_mma(
         dev.index if dev.index is not None else torch.cuda.current_device(), _DTYPES[x2.dtype], p.bits,
-        int(p.zeros is not None), unroll, max_regs, kw, tw, p.w.data_ptr(), x2.data_ptr(), p.scales.data_ptr(),
+        int(p.zeros is not None), unroll, kw, tw, p.w.data_ptr(), x2.data_ptr(), p.scales.data_ptr(),
         None if p.zeros is None else p.zeros.data_ptr(),
         None if p.fp4_scales is None else p.fp4_scales.data_ptr(), None if bias is None else bias.data_ptr(),
         _OUT_DTYPES[bias.dtype] if bias is not None else 0, out.data_ptr(), _OUT_DTYPES[out.dtype], m,
@@ -307,23 +306,18 @@ def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None
 
 def run(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None, out: torch.Tensor, kw: int = 8, tw: int = 1,
         unroll: int = 1, out_scale: float = 1.0, row_scales: torch.Tensor | None = None,
-        act_scales: torch.Tensor | None = None, max_regs: int = 0) -> torch.Tensor:
+        act_scales: torch.Tensor | None = None) -> torch.Tensor:
     """``out[M, N] = row_scales[:, None] * (x2[M, K] @ W^T) (+ bias)`` on torch's current stream.  ``x2``:
     contiguous rows, fp16 / bf16, 16-byte aligned; ``out``: fp16 / bf16 / fp32, unit column stride;
     ``row_scales``: fp32 [M] (a per-token activation scale) or None; ``act_scales``: fp32 [M, groups], the scale
-    of x2's codes per token and weight scale group (int8 / e4m3 weights, fp16 codes) or None; ``max_regs`` 64:
-    the build of the two-token-tile kernel (M > 8, unroll 1) held to 64 registers, 0: the compiler's."""
+    of x2's codes per token and weight scale group (int8 / e4m3 weights, fp16 codes) or None."""
     m = x2.shape[0]
     if not 1 <= m <= MAX_M:
         raise ValueError(f"the native decode kernel takes 1..{MAX_M} rows, got {m}")
-    if max_regs not in (0, CAPPED_REGS) or (max_regs and (m <= 8 or unroll != 1)):
-        raise ValueError(f"max_regs={max_regs} with M={m}, unroll {unroll}: the capped build is {CAPPED_REGS} "
-                         "registers, for M > 8 (two token tiles) and unroll 1")
     if p.experts:
         raise ValueError("a stacked (expert) view runs through run_grouped")
     _check(x2, out, kw, tw, row_scales, act_scales, p)
-    return _launch(x2, p, bias, out, kw, tw, unroll, m, out_scale, row_scales=row_scales, act_scales=act_scales,
-                   max_regs=max_regs)
+    return _launch(x2, p, bias, out, kw, tw, unroll, m, out_scale, row_scales=row_scales, act_scales=act_scales)
 
 
 def run_grouped(x2: torch.Tensor, p: Packed, offsets: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,

@@ -29,8 +29,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     if lib.ht_decode_mma_abi() != ABI:
         return None, f"the native library {path} is stale (ABI {lib.ht_decode_mma_abi()}, need {ABI}): rebuild it"
     i, p, f = ctypes.c_int, ctypes.c_void_p, ctypes.c_float
-    lib.ht_decode_mma.argtypes = [i, i, i, i, i, i, i, i, p, p, p, p, p, p, i, p, i, i, i, i, i, i, i, i, i, f, p, p, i,
-                                  p, i, i, p, p]
+    lib.ht_decode_mma.argtypes = [i, i, i, i, i, i, i, p, p, p, p, p, p, i, p, i, i, i, i, i, i, i, i, i, f, p, p, i, p, i,
+                                  i, p, p]
     lib.ht_decode_mma.restype = i
     lib.ht_error_string.argtypes = [i]
     lib.ht_error_string.restype = ctypes.c_char_p

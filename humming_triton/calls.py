@@ -61,7 +61,6 @@ class KernelConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
-    max_regs: int = 0  # a register cap per thread for the kernel (native decode: its capped build); 0: none
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -72,9 +71,8 @@ class KernelConfig:
         return KernelConfig(**{k: v for k, v in d.items() if k in names})
 
     def describe(self) -> str:
-        cap = f" maxreg={self.max_regs}" if self.max_regs else ""
         return (f"bm={self.block_m} bn={self.block_n} bk={self.block_k} sk={self.split_k} w={self.num_warps} "
-                f"st={self.num_stages}{cap}")
+                f"st={self.num_stages}")
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ for step in $STEPS; do
         > "$OUT/native.txt" 2>&1 || timeout -k 5 240 python3 -m cutlass_ext.build --arch 90 >> "$OUT/native.txt" 2>&1
       gpu_tests ${NATIVE_S:-150} native tests/test_native_decode.py tests/test_native_decode_act.py tests/test_act_quant_kernels.py \
         tests/test_scaled_mm_mx.py -k "native or grouped_kernel or global_scale or kernel_matches or non_finite or scaled_mm or through_the_op"
-      limited ${NATIVE_NCU_S:-150} ncu --clock-control none -k regex:decode_mma --launch-skip ${NCU_SKIP:-0} --launch-count ${NCU_COUNT:-6} \
+      limited ${NATIVE_NCU_S:-150} ncu --clock-control none -k regex:decode_mma --launch-skip ${NCU_SKIP:-0} --launch-count ${NCU_COUNT:-5} \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
         --section WarpStateStats --section Occupancy --section LaunchStats python3 scripts/native_probe.py \
         > "$OUT/native_ncu.txt" 2>&1

@@ -140,25 +140,6 @@ def test_family_is_registered_for_the_cuda_backend():
     assert "float32" in fam.reason(Call("quant_linear", call.scheme, torch.float32, 4, 8192, 8192))
 
 
-def test_capped_build_configs_and_their_checks(rng):
-    """The 64-register build of the two-token-tile kernel: candidates at M > 8 only, refused elsewhere before any
-    launch (M <= 8, an unroll beside it, another cap)."""
-    from humming_triton.calls import Call
-    from humming_triton.kernels import families
-    fam = families.get("mma_decode")
-    qw = _weight("w4a16", 64, 512, rng)
-    cands = lambda m: fam.candidates(Call("quant_linear", qw.scheme, torch.bfloat16, m, 8192, 8192))  # noqa: E731
-    assert not any(c.max_regs for c in cands(8))
-    capped = [c for c in cands(16) if c.max_regs]
-    assert capped and all(c.max_regs == dm.CAPPED_REGS and c.num_stages == 1 for c in capped)
-    assert "maxreg=64" in capped[0].describe() and "maxreg" not in cands(16)[0].describe()
-    p = dm.repack(qw)
-    out = torch.empty(16, 64, dtype=torch.bfloat16)
-    for m, unroll, cap in ((8, 1, 64), (16, 2, 64), (16, 1, 32)):
-        with pytest.raises(ValueError, match="max_regs"):
-            dm.run(torch.zeros(m, 512, dtype=torch.bfloat16), p, None, out[:m], kw=4, unroll=unroll, max_regs=cap)
-
-
 def test_backend_says_why_without_the_library(monkeypatch, tmp_path):
     from cutlass_ext import native
     from humming_triton import backends
@@ -351,11 +332,8 @@ def test_dense_decode_kernel_registers(tmp_path):
     res = subprocess.run([tool, "-res-usage", str(obj)], capture_output=True, text=True, timeout=600).stdout
     assert shutil.which("c++filt"), "c++filt (binutils) is needed to read the kernels' template arguments"
     demangled = subprocess.run(["c++filt"], input=res, capture_output=True, text=True).stdout
-    found = re.findall(r"Function ([^\n]*?decode_mma(?:_grouped|_capped)?_kernel<([^>]*)>[^\n]*)\n[^\n]*REG:(\d+)[^\n]*"
+    found = re.findall(r"Function ([^\n]*?decode_mma(?:_grouped)?_kernel<([^>]*)>[^\n]*)\n[^\n]*REG:(\d+)[^\n]*"
                        r"LOCAL:(\d+)", demangled)
-    capped = {args: (int(reg), int(local)) for name, args, reg, local in found if "capped" in name}
-    assert capped and all(v == (64, 0) or (v[0] < 64 and v[1] == 0) for v in capped.values()), capped
-    found = [f for f in found if "capped" not in f[0]]
     dense = {args: (int(reg), int(local)) for name, args, reg, local in found if "grouped" not in name}
     assert dense and len(dense) < len(found), "the dense and grouped decode kernels were not both found"
     assert all(local == 0 for _, local in dense.values()), {a: v for a, v in dense.items() if v[1]}

@@ -199,7 +199,8 @@ __device__ __forceinline__ void fp4_scales(uint32_t code16, uint32_t& sg, uint32
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const uint32_t b = (code16 >> (8 * i)) & 0xffu, e = (b >> 3) & 15u, m = b & 7u;
-      float v = e == 0 ? float(m) * __uint_as_float(228u << 23) /* 2^101 */ : __uint_as_float(((e + 230u) << 23) | (m << 20));
+      const float sub = float(m) * __uint_as_float(228u << 23);  // e = 0: m 2^-9 x 2^110
+      float v = e == 0 ? sub : __uint_as_float(((e + 230u) << 23) | (m << 20));
       f[i] = (b & 0x80u) ? -v : v;
     }
     sg = Act<__nv_bfloat16>::pack(f[0], f[0]);
@@ -492,16 +493,6 @@ __global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
   decode_tile<T, KIND, NT, ZERO, U, false, XG>(p, v);
 }
 
-// The same, held to 64 registers (two 512-thread blocks' worth per SM): the two-token-tile kernels take 86-98
-// without it, 31 % theoretical occupancy; with it ptxas rematerialises (+33 % loop instructions, no spills).  Its
-// own kernel: a minimum-blocks bound of 1 on the others changed their allocation (int8: 64 -> 72 registers).
-template <typename T, int KIND, int NT, bool ZERO, bool XG>
-__global__ void __launch_bounds__(512, 2) decode_mma_capped_kernel(const Params p) {
-  const View v{p.w, p.row_scales, p.act_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M,
-               p.out_scale};
-  decode_tile<T, KIND, NT, ZERO, 1, false, XG>(p, v);
-}
-
 template <typename T, int KIND, int NT, bool ZERO, int U>
 __global__ void __launch_bounds__(512) decode_mma_grouped_kernel(const Params p) {
   constexpr int LOADS = code_loads(KIND);
@@ -530,15 +521,12 @@ __global__ void __launch_bounds__(512) decode_mma_grouped_kernel(const Params p)
   }
 }
 
-template <typename T, int BITS, int NT, bool ZERO, int U, bool XG, bool CAPPED = false>
+template <typename T, int BITS, int NT, bool ZERO, int U, bool XG>
 cudaError_t launch(const Params& p, int experts, int kw, int tw, cudaStream_t stream) {
   const int tiles = (p.N + 15) / 16;
   dim3 block(32, kw, tw), grid((tiles + tw - 1) / tw, experts);
   const size_t smem = kw > 1 ? (size_t)tw * kw * 32 * 4 * NT * sizeof(float) : 0;
-  if constexpr (CAPPED) {  // dense launches only
-    if (p.offsets != nullptr) return cudaErrorInvalidValue;
-    decode_mma_capped_kernel<T, BITS, NT, ZERO, XG><<<grid, block, smem, stream>>>(p);
-  } else if constexpr (XG) {  // dense launches only
+  if constexpr (XG) {  // dense launches only
     decode_mma_kernel<T, BITS, NT, ZERO, U, true><<<grid, block, smem, stream>>>(p);
   } else {
     if (p.offsets == nullptr)
@@ -549,15 +537,8 @@ cudaError_t launch(const Params& p, int experts, int kw, int tw, cudaStream_t st
   return cudaGetLastError();
 }
 
-// max_regs 64: the capped build of the two-token-tile kernel (one chunk ahead); 0: the compiler's allocation.
 template <typename T, int BITS, int NT, bool ZERO, bool XG = false>
-cudaError_t pick_unroll(const Params& p, int experts, int unroll, int max_regs, int kw, int tw, cudaStream_t s) {
-  if (max_regs != 0) {
-    if constexpr (NT == 2) {
-      if (max_regs == 64 && unroll == 1) return launch<T, BITS, NT, ZERO, 1, XG, true>(p, experts, kw, tw, s);
-    }
-    return cudaErrorInvalidValue;
-  }
+cudaError_t pick_unroll(const Params& p, int experts, int unroll, int kw, int tw, cudaStream_t s) {
   switch (unroll) {
     case 1: return launch<T, BITS, NT, ZERO, 1, XG>(p, experts, kw, tw, s);
     case 2: return launch<T, BITS, NT, ZERO, 2, XG>(p, experts, kw, tw, s);
@@ -572,24 +553,23 @@ cudaError_t pick_unroll(const Params& p, int experts, int unroll, int max_regs, 
 // Activation codes with group scales (XG): e4m3 and int8 weights with fp16 codes (W8A8 with g<K> activation
 // scales), dense launches, one or two token tiles.
 template <int BITS>
-cudaError_t pick_act_groups(const Params& p, int nt, int unroll, int max_regs, int kw, int tw, cudaStream_t s) {
-  if (nt == 1) return pick_unroll<__half, BITS, 1, false, true>(p, 1, unroll, max_regs, kw, tw, s);
-  if (nt == 2) return pick_unroll<__half, BITS, 2, false, true>(p, 1, unroll, max_regs, kw, tw, s);
+cudaError_t pick_act_groups(const Params& p, int nt, int unroll, int kw, int tw, cudaStream_t s) {
+  if (nt == 1) return pick_unroll<__half, BITS, 1, false, true>(p, 1, unroll, kw, tw, s);
+  if (nt == 2) return pick_unroll<__half, BITS, 2, false, true>(p, 1, unroll, kw, tw, s);
   return cudaErrorInvalidValue;
 }
 
 template <typename T, int BITS>
-cudaError_t pick_rest(const Params& p, int experts, int nt, bool zero, int unroll, int max_regs, int kw, int tw,
-                      cudaStream_t s) {
+cudaError_t pick_rest(const Params& p, int experts, int nt, bool zero, int unroll, int kw, int tw, cudaStream_t s) {
   // e4m3 and e2m1 have no zero points (the else keeps their ZERO kernels from being instantiated at all)
   if constexpr (BITS >= 18) {
-    if (nt == 1) return pick_unroll<T, BITS, 1, false>(p, experts, unroll, max_regs, kw, tw, s);
-    if (nt == 2) return pick_unroll<T, BITS, 2, false>(p, experts, unroll, max_regs, kw, tw, s);
+    if (nt == 1) return pick_unroll<T, BITS, 1, false>(p, experts, unroll, kw, tw, s);
+    if (nt == 2) return pick_unroll<T, BITS, 2, false>(p, experts, unroll, kw, tw, s);
   } else {
-    if (nt == 1) return zero ? pick_unroll<T, BITS, 1, true>(p, experts, unroll, max_regs, kw, tw, s)
-                             : pick_unroll<T, BITS, 1, false>(p, experts, unroll, max_regs, kw, tw, s);
-    if (nt == 2) return zero ? pick_unroll<T, BITS, 2, true>(p, experts, unroll, max_regs, kw, tw, s)
-                             : pick_unroll<T, BITS, 2, false>(p, experts, unroll, max_regs, kw, tw, s);
+    if (nt == 1) return zero ? pick_unroll<T, BITS, 1, true>(p, experts, unroll, kw, tw, s)
+                             : pick_unroll<T, BITS, 1, false>(p, experts, unroll, kw, tw, s);
+    if (nt == 2) return zero ? pick_unroll<T, BITS, 2, true>(p, experts, unroll, kw, tw, s)
+                             : pick_unroll<T, BITS, 2, false>(p, experts, unroll, kw, tw, s);
   }
   return cudaErrorInvalidValue;
 }
@@ -598,7 +578,7 @@ cudaError_t pick_rest(const Params& p, int experts, int nt, bool zero, int unrol
 
 extern "C" {
 
-int ht_decode_mma_abi() { return 5; }
+int ht_decode_mma_abi() { return 5; }  // 5: e8m0 block-scale codes carry 126 - j (repack)
 
 // dtype (the activations'): 0 fp16, 1 bf16; bias_dtype / out_dtype: 0 fp16, 1 bf16, 2 fp32; bits: 4, 8, 18 (e4m3,
 // fp16 activations, sm_89+), 40 (e2m1 + e8m0), 41 (e2m1 + e4m3).  row_scales: null, or [M] fp32 multiplying the
@@ -608,7 +588,7 @@ int ht_decode_mma_abi() { return 5; }
 // device: the CUDA device of every pointer and of stream (this library's runtime keeps its own current device).
 // Grouped (MoE): offsets [experts + 1] (int32, or int64 when offsets_i64) of x / y rows per expert, every weight
 // array expert-major; M is then the rows per pass (8: one token tile, 16: two), any number of rows per expert.
-int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int max_regs, int kw, int tw, const void* w,
+int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int kw, int tw, const void* w,
                   const void* x, const void* scales, const void* zeros, const void* fp4_scales, const void* bias,
                   int bias_dtype, void* y, int out_dtype, int M, int N, int K, int ldx, int ldy, int group_chunks,
                   int groups, int chunks_per_warp, float out_scale, const float* row_scales,
@@ -637,14 +617,14 @@ int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int max
   const int nt = M <= 8 ? 1 : 2;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (act_scales != nullptr)
-    return bits == 18 ? pick_act_groups<18>(p, nt, unroll, max_regs, kw, tw, s) : pick_act_groups<8>(p, nt, unroll, max_regs, kw, tw, s);
-  if (dtype == 0 && bits == 4) return pick_rest<__half, 4>(p, experts, nt, zero, unroll, max_regs, kw, tw, s);
-  if (dtype == 0 && bits == 8) return pick_rest<__half, 8>(p, experts, nt, zero, unroll, max_regs, kw, tw, s);
-  if (dtype == 1 && bits == 4) return pick_rest<__nv_bfloat16, 4>(p, experts, nt, zero, unroll, max_regs, kw, tw, s);
-  if (dtype == 1 && bits == 8) return pick_rest<__nv_bfloat16, 8>(p, experts, nt, zero, unroll, max_regs, kw, tw, s);
-  if (dtype == 0 && bits == 18) return pick_rest<__half, 18>(p, experts, nt, false, unroll, max_regs, kw, tw, s);
-  if (dtype == 1 && bits == 40) return pick_rest<__nv_bfloat16, 40>(p, experts, nt, false, unroll, max_regs, kw, tw, s);
-  if (dtype == 1 && bits == 41) return pick_rest<__nv_bfloat16, 41>(p, experts, nt, false, unroll, max_regs, kw, tw, s);
+    return bits == 18 ? pick_act_groups<18>(p, nt, unroll, kw, tw, s) : pick_act_groups<8>(p, nt, unroll, kw, tw, s);
+  if (dtype == 0 && bits == 4) return pick_rest<__half, 4>(p, experts, nt, zero, unroll, kw, tw, s);
+  if (dtype == 0 && bits == 8) return pick_rest<__half, 8>(p, experts, nt, zero, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 4) return pick_rest<__nv_bfloat16, 4>(p, experts, nt, zero, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 8) return pick_rest<__nv_bfloat16, 8>(p, experts, nt, zero, unroll, kw, tw, s);
+  if (dtype == 0 && bits == 18) return pick_rest<__half, 18>(p, experts, nt, false, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 40) return pick_rest<__nv_bfloat16, 40>(p, experts, nt, false, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 41) return pick_rest<__nv_bfloat16, 41>(p, experts, nt, false, unroll, kw, tw, s);
   return cudaErrorInvalidValue;
 }
 

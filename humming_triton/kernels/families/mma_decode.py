@@ -21,20 +21,14 @@ _ONE_TILE = [(8, 1, 1), (16, 1, 1), (4, 1, 1), (4, 2, 1), (8, 2, 1), (8, 1, 2), 
              (4, 2, 4), (2, 4, 4), (4, 4, 1)]
 _TWO_TILES = [(4, 4, 1), (8, 1, 1), (4, 1, 1), (8, 2, 1), (16, 1, 1), (4, 2, 1), (2, 4, 1), (4, 1, 2), (8, 1, 2),
               (4, 2, 2)]
-# two token tiles in the build held to 64 registers (twice the warps per SM of the 86-98-register build, +33-45 %
-# loop instructions): more warps along K, where the uncapped build ran out of registers
-_TWO_TILES_CAPPED = [(4, 1), (8, 1), (16, 1), (4, 2), (8, 2), (4, 4)]
+# (measured and dropped, benchmarks/results/h200/ANALYSIS.md session 10: a shared-memory weight ring, 5-30 % slower;
+# the two-tile kernel held to 64 registers, 30-100 % slower -- the kernel is issue-bound, not starved of bytes or warps)
 
 
 def decode_grid(family: str, m: int) -> list[KernelConfig]:
-    """The configs worth timing at ``m`` rows (block_n: 16 rows per tile-warp; split_k: warps splitting K;
-    max_regs: the capped build)."""
+    """The configs worth timing at ``m`` rows (block_n: 16 rows per tile-warp; split_k: warps splitting K)."""
     grid = _ONE_TILE if m <= 8 else _TWO_TILES
-    cfgs = [KernelConfig(family, 16, 16 * tw, 64, kw, 8, kw * tw, u) for kw, tw, u in grid]
-    if m > 8:
-        cfgs += [KernelConfig(family, 16, 16 * tw, 64, kw, 8, kw * tw, 1, dm.CAPPED_REGS) for kw, tw in
-                 _TWO_TILES_CAPPED]
-    return cfgs
+    return [KernelConfig(family, 16, 16 * tw, 64, kw, 8, kw * tw, u) for kw, tw, u in grid]
 
 
 def packed_view(qw, group_k: int | None = None):
@@ -67,8 +61,7 @@ class MMADecode(Family):
 
     def launch(self, x2, qw, bias, target, cfg: KernelConfig) -> None:
         """The kernel on 16-bit activations ``x2`` into ``target`` (fp16 / bf16 / fp32, unit column stride)."""
-        dm.run(x2, packed_view(qw), bias, target, kw=cfg.split_k, tw=cfg.block_n // 16, unroll=cfg.num_stages,
-               max_regs=cfg.max_regs)
+        dm.run(x2, packed_view(qw), bias, target, kw=cfg.split_k, tw=cfg.block_n // 16, unroll=cfg.num_stages)
 
     def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
         m, n = x2.shape[0], qw.N

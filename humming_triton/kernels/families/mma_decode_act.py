@@ -72,7 +72,7 @@ class MMADecodeAct(MMADecode):
         grouped = bool(act.group_k) and act.group_k != qw.K
         dm.run(codes, packed_view(qw, act.group_k if grouped else None), bias, target, kw=cfg.split_k,
                tw=cfg.block_n // 16, unroll=cfg.num_stages, row_scales=None if grouped else scales.view(-1),
-               act_scales=scales if grouped else None, max_regs=cfg.max_regs)
+               act_scales=scales if grouped else None)
 
 
 register(MMADecodeAct())
