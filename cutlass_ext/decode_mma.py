@@ -10,11 +10,12 @@ the fragment mapping against the reference without a GPU.
 """
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
 
-from .native import check, current_stream, library
+from .native import DecodeCall, check, current_stream, library
 
 __all__ = ["Packed", "weight_reason", "repack", "repack_experts", "run", "run_grouped", "emulate", "CHUNK", "MAX_M"]
 
@@ -282,6 +283,29 @@ def _check(x2: torch.Tensor, out: torch.Tensor, kw: int, tw: int, row_scales=Non
         raise ValueError(f"{kw} x {tw} warps exceed {MAX_THREADS} threads per block")
 
 
+def _call_template(p: Packed, device: int, dtype, bias_dtype, out_dtype, kw, tw, unroll, m, out_scale,
+                   offsets_i64: bool) -> DecodeCall:
+    """What a launch of ``p`` with these settings passes whatever the activations: made once per setting and
+    weight storage (cached on ``p``), copied per call with the activations' pointers filled in."""
+    key = (device, dtype, bias_dtype, out_dtype, kw, tw, unroll, m, out_scale, offsets_i64, p.w.data_ptr(),
+           p.scales.data_ptr(), None if p.zeros is None else p.zeros.data_ptr(),
+           None if p.fp4_scales is None else p.fp4_scales.data_ptr(),
+           None if p.out_scales is None else p.out_scales.data_ptr())
+    cache = p.__dict__.setdefault("_calls", {})
+    call = cache.get(key)
+    if call is None:
+        ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+        call = DecodeCall(
+            device=device, dtype=_DTYPES[dtype], bits=p.bits, zero=int(p.zeros is not None), unroll=unroll, kw=kw,
+            tw=tw, w=ptr(p.w), scales=ptr(p.scales), zeros=ptr(p.zeros), fp4_scales=ptr(p.fp4_scales),
+            bias_dtype=0 if bias_dtype is None else _OUT_DTYPES[bias_dtype], out_dtype=_OUT_DTYPES[out_dtype],
+            M=m, N=p.n, K=p.k, group_chunks=p.group_chunks, groups=p.groups, chunks_per_warp=split(p, kw),
+            out_scale=out_scale * p.out_scale, offsets_i64=int(offsets_i64), experts=max(1, p.experts),
+            out_scales=ptr(p.out_scales))
+        cache[key] = call
+    return call
+
+
 def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None, row_scales=None,
             act_scales=None) -> torch.Tensor:
     if bias is not None and bias.dtype not in _OUT_DTYPES:
@@ -289,18 +313,22 @@ def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None
     if p.bits == E4M3 and x2.dtype != torch.float16:
         raise TypeError(f"e4m3 weights take fp16 activations, got {x2.dtype}")
     dev = x2.device
-    err = library().ht_decode_mma(
-        dev.index if dev.index is not None else torch.cuda.current_device(), _DTYPES[x2.dtype], p.bits,
-        int(p.zeros is not None), unroll, kw, tw, p.w.data_ptr(), x2.data_ptr(), p.scales.data_ptr(),
-        None if p.zeros is None else p.zeros.data_ptr(),
-        None if p.fp4_scales is None else p.fp4_scales.data_ptr(), None if bias is None else bias.data_ptr(),
-        _OUT_DTYPES[bias.dtype] if bias is not None else 0, out.data_ptr(), _OUT_DTYPES[out.dtype], m,
-        p.n, p.k, x2.stride(0), out.stride(0), p.group_chunks, p.groups, split(p, kw), out_scale * p.out_scale,
-        None if row_scales is None else row_scales.data_ptr(), None if act_scales is None else act_scales.data_ptr(),
-        0 if act_scales is None else act_scales.shape[1], None if offsets is None else offsets.data_ptr(), int(offsets is not None and offsets.dtype == torch.int64),
-        max(1, p.experts), None if p.out_scales is None else p.out_scales.data_ptr(),
-        current_stream(dev))
-    check(err, "the native decode kernel")
+    device = dev.index if dev.index is not None else torch.cuda.current_device()
+    # a copy per call: ctypes releases the GIL during the call, so a shared struct could change under it
+    call = DecodeCall.from_buffer_copy(_call_template(
+        p, device, x2.dtype, None if bias is None else bias.dtype, out.dtype, kw, tw, unroll, m, out_scale,
+        offsets is not None and offsets.dtype == torch.int64))
+    call.x, call.y, call.ldx, call.ldy = x2.data_ptr(), out.data_ptr(), x2.stride(0), out.stride(0)
+    if bias is not None:
+        call.bias = bias.data_ptr()
+    if row_scales is not None:
+        call.row_scales = row_scales.data_ptr()
+    if act_scales is not None:
+        call.act_scales, call.act_ld = act_scales.data_ptr(), act_scales.shape[1]
+    if offsets is not None:
+        call.offsets = offsets.data_ptr()
+    call.stream = current_stream(dev)
+    check(library().ht_decode_mma(ctypes.byref(call)), "the native decode kernel")
     return out
 
 

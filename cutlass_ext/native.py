@@ -8,9 +8,23 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["library_path", "library", "unavailable", "check"]
+__all__ = ["library_path", "library", "unavailable", "check", "DecodeCall"]
 
-ABI = 5  # ht_decode_mma_abi() of the library this module calls; a stale build is refused, not mis-called
+ABI = 6  # ht_decode_mma_abi() of the library this module calls; a stale build is refused, not mis-called
+
+
+_I, _P, _F = ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+
+
+class DecodeCall(ctypes.Structure):
+    """``HtDecodeCall`` of decode_mma.cu, field for field: one launch of the decode kernel."""
+    _fields_ = [(name, _I) for name in ("device", "dtype", "bits", "zero", "unroll", "kw", "tw")] + \
+        [(name, _P) for name in ("w", "x", "scales", "zeros", "fp4_scales", "bias")] + \
+        [("bias_dtype", _I), ("y", _P)] + \
+        [(name, _I) for name in ("out_dtype", "M", "N", "K", "ldx", "ldy", "group_chunks", "groups",
+                                 "chunks_per_warp")] + \
+        [("out_scale", _F), ("row_scales", _P), ("act_scales", _P), ("act_ld", _I), ("offsets", _P),
+         ("offsets_i64", _I), ("experts", _I), ("out_scales", _P), ("stream", _P)]
 
 
 def library_path() -> Path:
@@ -28,11 +42,9 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
         return None, f"the native library {path} does not load: {e}"
     if lib.ht_decode_mma_abi() != ABI:
         return None, f"the native library {path} is stale (ABI {lib.ht_decode_mma_abi()}, need {ABI}): rebuild it"
-    i, p, f = ctypes.c_int, ctypes.c_void_p, ctypes.c_float
-    lib.ht_decode_mma.argtypes = [i, i, i, i, i, i, i, p, p, p, p, p, p, i, p, i, i, i, i, i, i, i, i, i, f, p, p, i, p, i,
-                                  i, p, p]
-    lib.ht_decode_mma.restype = i
-    lib.ht_error_string.argtypes = [i]
+    lib.ht_decode_mma.argtypes = [ctypes.POINTER(DecodeCall)]
+    lib.ht_decode_mma.restype = ctypes.c_int
+    lib.ht_error_string.argtypes = [ctypes.c_int]
     lib.ht_error_string.restype = ctypes.c_char_p
     return lib, None
 

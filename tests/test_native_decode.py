@@ -140,6 +140,36 @@ def test_family_is_registered_for_the_cuda_backend():
     assert "float32" in fam.reason(Call("quant_linear", call.scheme, torch.float32, 4, 8192, 8192))
 
 
+def test_decode_call_matches_the_c_struct(tmp_path):
+    """native.DecodeCall (ctypes) against decode_mma.cu's HtDecodeCall, compiled here: every field's offset and
+    the size -- a launch reads its arguments from that struct."""
+    import ctypes
+    import re
+    import shutil
+    import subprocess
+    from pathlib import Path
+    from cutlass_ext.native import DecodeCall
+    cxx = shutil.which("g++") or shutil.which("c++")
+    assert cxx, "a C++ compiler is needed to lay out the launch struct"
+    src = (Path(dm.__file__).parent / "csrc" / "decode_mma.cu").read_text()
+    struct = re.search(r"struct HtDecodeCall \{.*?\n\};", src, re.S).group(0)
+    names = [f for f, _ in DecodeCall._fields_]
+    body = "".join(f'printf("%zu ", offsetof(HtDecodeCall, {f}));' for f in names)
+    (tmp_path / "s.cpp").write_text("#include <cstddef>\n#include <cstdio>\n" + struct +
+                                    f"\nint main() {{ {body} printf(\"%zu\", sizeof(HtDecodeCall)); }}\n")
+    subprocess.run([cxx, "-o", str(tmp_path / "s"), str(tmp_path / "s.cpp")], check=True, timeout=120)
+    got = list(map(int, subprocess.run([str(tmp_path / "s")], capture_output=True, text=True).stdout.split()))
+    assert got == [getattr(DecodeCall, f).offset for f in names] + [ctypes.sizeof(DecodeCall)]
+    from cutlass_ext import native
+    if native.unavailable() is None:  # built here: the entry reads the struct (bad calls are refused before CUDA)
+        call = DecodeCall(M=1, kw=4, tw=1, experts=1, bits=4)
+        for bad in (dict(M=0), dict(kw=0), dict(bits=40, dtype=0), dict(out_dtype=3)):
+            c = DecodeCall.from_buffer_copy(call)
+            for k, v in bad.items():
+                setattr(c, k, v)
+            assert native.library().ht_decode_mma(ctypes.byref(c)) == 1, bad  # cudaErrorInvalidValue
+
+
 def test_backend_says_why_without_the_library(monkeypatch, tmp_path):
     from cutlass_ext import native
     from humming_triton import backends

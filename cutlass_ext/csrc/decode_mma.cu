@@ -578,7 +578,25 @@ cudaError_t pick_rest(const Params& p, int experts, int nt, bool zero, int unrol
 
 extern "C" {
 
-int ht_decode_mma_abi() { return 5; }  // 5: e8m0 block-scale codes carry 126 - j (repack)
+// 5: e8m0 block-scale codes carry 126 - j (repack); 6: one struct argument (ctypes converts each argument of a
+// call: 33 of them cost ~8 µs of host time per launch on this project's CPUs, a struct pointer ~1.3)
+int ht_decode_mma_abi() { return 6; }
+
+// One launch's arguments, in this order (cutlass_ext/native.py's DecodeCall mirrors it field for field).
+struct HtDecodeCall {
+  int device, dtype, bits, zero, unroll, kw, tw;
+  const void *w, *x, *scales, *zeros, *fp4_scales, *bias;
+  int bias_dtype;
+  void* y;
+  int out_dtype, M, N, K, ldx, ldy, group_chunks, groups, chunks_per_warp;
+  float out_scale;
+  const float *row_scales, *act_scales;
+  int act_ld;
+  const void* offsets;
+  int offsets_i64, experts;
+  const float* out_scales;
+  void* stream;
+};
 
 // dtype (the activations'): 0 fp16, 1 bf16; bias_dtype / out_dtype: 0 fp16, 1 bf16, 2 fp32; bits: 4, 8, 18 (e4m3,
 // fp16 activations, sm_89+), 40 (e2m1 + e8m0), 41 (e2m1 + e4m3).  row_scales: null, or [M] fp32 multiplying the
@@ -588,12 +606,10 @@ int ht_decode_mma_abi() { return 5; }  // 5: e8m0 block-scale codes carry 126 - 
 // device: the CUDA device of every pointer and of stream (this library's runtime keeps its own current device).
 // Grouped (MoE): offsets [experts + 1] (int32, or int64 when offsets_i64) of x / y rows per expert, every weight
 // array expert-major; M is then the rows per pass (8: one token tile, 16: two), any number of rows per expert.
-int ht_decode_mma(int device, int dtype, int bits, int zero, int unroll, int kw, int tw, const void* w,
-                  const void* x, const void* scales, const void* zeros, const void* fp4_scales, const void* bias,
-                  int bias_dtype, void* y, int out_dtype, int M, int N, int K, int ldx, int ldy, int group_chunks,
-                  int groups, int chunks_per_warp, float out_scale, const float* row_scales,
-                  const float* act_scales, int act_ld, const void* offsets, int offsets_i64, int experts,
-                  const float* out_scales, void* stream) {
+int ht_decode_mma(const HtDecodeCall* call) {
+  const auto [device, dtype, bits, zero, unroll, kw, tw, w, x, scales, zeros, fp4_scales, bias, bias_dtype, y,
+              out_dtype, M, N, K, ldx, ldy, group_chunks, groups, chunks_per_warp, out_scale, row_scales,
+              act_scales, act_ld, offsets, offsets_i64, experts, out_scales, stream] = *call;
   if (M < 1 || (offsets == nullptr && M > 16) || kw < 1 || tw < 1 || 32 * kw * tw > 512 || experts < 1)
     return cudaErrorInvalidValue;  // grouped launches: M is the rows per pass (8 or 16)
   if (bits >= 40 && (dtype != 1 || zero)) return cudaErrorInvalidValue;  // e2m1: bf16 activations, no zero point
