@@ -176,8 +176,9 @@ def repack(qw, group_k: int | None = None) -> Packed:
         out[t0:t1] = torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32).view(
             t1 - t0, chunks, loads, 32, words)
     if kind is not None:
-        return Packed(out, _pairs(fp4_row_exponents(qw).exp2()[:, None], tiles, 1.0), None, kind, n, k, 0, 1,
-                      _fp4_scale_codes(qw, tiles, chunks), float(qw.global_scale) if qw.global_scale is not None
+        j = fp4_row_exponents(qw)
+        return Packed(out, _pairs(j.exp2()[:, None], tiles, 1.0), None, kind, n, k, 0, 1,
+                      _fp4_scale_codes(qw, tiles, chunks, j), float(qw.global_scale) if qw.global_scale is not None
                       else 1.0)
     gk = qw.scheme.group_k(k)
     rows = decode_scales(qw.scales, qw.scheme).float().repeat_interleave(qw.scheme.group_n(n), 0)[:n]
@@ -210,7 +211,7 @@ def fp4_row_exponents(qw) -> torch.Tensor:
 _ONE = {"e8m0": 127, "e4m3fn": 0x38}  # the code of 1.0: padding (a NaN scale times a zero code is still NaN)
 
 
-def _fp4_scale_codes(qw, tiles: int, chunks: int) -> torch.Tensor:
+def _fp4_scale_codes(qw, tiles: int, chunks: int, j: torch.Tensor) -> torch.Tensor:
     """[tiles, chunks, 32, 2] uint8: lane (g, t) of chunk c holds k in [64 c + 16 t, +16) -- one block of 16 or
     32 -- and needs that block's scale codes for rows g and g + 8 (e8m0: offset by 126 - j of the row, clamped to
     0..255, so that the code is the bf16 exponent field of the folded scale; e4m3: as they are)."""
@@ -219,7 +220,7 @@ def _fp4_scale_codes(qw, tiles: int, chunks: int) -> torch.Tensor:
                        device=qw.device)
     real = qw.scales
     if str(qw.scheme.scale.dtype) == "e8m0":  # as the bf16 exponent field of scale x 2^(126 - j), j per row
-        d = 126 - fp4_row_exponents(qw).long()  # (padding keeps 127: a finite scale of zero codes)
+        d = 126 - j.long()  # j: fp4_row_exponents (padding keeps 127: a finite scale of zero codes)
         real = (real.long() + d[:, None]).clamp(0, 255).to(torch.uint8)
     codes[:n, :qw.scales.shape[-1]] = real
     lane = torch.arange(32, device=qw.device)

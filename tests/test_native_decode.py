@@ -210,11 +210,12 @@ def test_fp4_kernel_keeps_every_row(fmt, rng):
         pytest.fail(native.unavailable())
     fam = families.get("mma_decode")
     qw = _spread_rows(fmt, rng)
+    qw_gpu = qw.to("cuda")  # one weight (and one repack) for every launch below
     for m in (1, 16):
         x = torch.randn(m, qw.K, generator=rng).to(torch.bfloat16)
         for cfg in fam.candidates(Call("quant_linear", qw.scheme, torch.bfloat16, m, qw.N, qw.K))[:3]:
             out = poison_like(torch.empty(m, qw.N, dtype=torch.float32, device="cuda"))
-            y = fam.run(x.cuda(), x.cuda(), qw.to("cuda"), None, torch.float32, cfg, out)
+            y = fam.run(x.cuda(), x.cuda(), qw_gpu, None, torch.float32, cfg, out)
             _assert_rows_close(y.cpu(), x.float(), qw, f"{fmt} M={m} {cfg.describe()}")
 
 
