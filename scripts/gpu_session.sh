@@ -14,6 +14,9 @@
 #   native  the native CUDA library (cutlass_ext): loads or is built here, its GPU tests, an ncu profile and a
 #           sweep of its configs at the decode shapes, weight-only and on activation codes (mma_decode_act)
 #                                                                            -> native*.txt, native*_sweep.json
+#   ab      the native sweep (mma_decode, M = $AB_M, default 1,16) run twice in this call: first with a second build
+#           of the library ($AB_LIB, e.g. the previous commit's kernels), then with this checkout's -- a same-run
+#           A/B of a kernel change                                              -> ab_old.txt/json, ab_new.txt/json
 #   cutlass the sm_90a CUTLASS mixed-input GEMMs: load the carried build (else build here, 16 jobs), their GPU tests,
 #           a sweep of every variant at the headline shapes (M = 16..4096) beside the table's auto, memcheck over
 #           the tail shapes                                                           -> cutlass*.txt, cutlass_sweep.json
@@ -88,6 +91,12 @@ for step in $STEPS; do
       limited ${NATIVE_SWEEP_S:-120} python3 scripts/native_probe.py --sweep --out "$OUT/native_sweep.json" > "$OUT/native_sweep.txt" 2>&1
       limited ${NATIVE_ACT_S:-100} python3 scripts/native_probe.py --family mma_decode_act --sweep \
         --out "$OUT/native_act_sweep.json" > "$OUT/native_act_sweep.txt" 2>&1 ;;
+    ab)
+      stamp ab
+      limited ${AB_S:-110} env HT_NATIVE_LIB="$AB_LIB" python3 scripts/native_probe.py --sweep --m ${AB_M:-1,16} \
+        ${AB_SCHEMES:+--schemes $AB_SCHEMES} --out "$OUT/ab_old.json" > "$OUT/ab_old.txt" 2>&1
+      limited ${AB_S:-110} python3 scripts/native_probe.py --sweep --m ${AB_M:-1,16} \
+        ${AB_SCHEMES:+--schemes $AB_SCHEMES} --out "$OUT/ab_new.json" > "$OUT/ab_new.txt" 2>&1 ;;
     cutlass)  # the sm_90a CUTLASS GEMMs: carried build or built here; GPU tests; variant sweep; memcheck on tails
       stamp cutlass
       # the carried objects (cutlass_ext/_build/obj) are reused: only missing or changed kernels compile here

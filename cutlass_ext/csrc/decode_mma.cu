@@ -313,7 +313,6 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
   const bool active = tile < tiles && c0 < c1;
   if (active) {
     const uint4* wp = v.w + (size_t)tile * p.chunks * LOADS * 32 + lane;
-    // a token slot past M loads nothing (zeros): measured faster at M = 1 than every lane reading row 0
     const T* xrow[NT];
     bool xok[NT];
 #pragma unroll
@@ -330,112 +329,171 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
     Bias<T, BITS> bias;
     bias.set(z_cur.x, z_cur.y);
 
-    // Chunks are loaded in order through running pointers.  U = 1: the next chunk's weight and x are loaded into
-    // fresh registers before the current chunk is computed (the H200's fastest at M <= 8 so far).  U >= 2: the
-    // weight streams U chunks ahead through a ring of registers, each slot refilled right after its chunk is
-    // consumed, and x (L1 / L2 hits) is double-buffered one chunk ahead.
-    const uint4* wnext = wp + (size_t)c0 * LOADS * 32;
-    const T* xnext[NT];
+    // One chunk's decode and MMAs into part (shared by every loop shape below).
+    auto compute = [&](const uint4 (&wcur)[LOADS], const uint4 (&xv)[NT][2], uint32_t scur) {
+      const uint32_t* wq = reinterpret_cast<const uint32_t*>(wcur);
+      uint32_t sg = 0, sg8 = 0;
+      if constexpr (FP4) fp4_scales<KIND>(scur, sg, sg8);
 #pragma unroll
-    for (int j = 0; j < NT; ++j) xnext[j] = xrow[j] + c0 * 64;
-    int xchunk = c0;  // the chunk load_x reads next
-    uint4 wb[U][LOADS], xb[U == 1 ? 1 : 2][NT][2];
-    uint32_t sb[U];  // e2m1: the block-scale codes of each chunk in flight
-    const uint16_t* snext = FP4 ? v.fp4_scales + ((size_t)tile * p.chunks + c0) * 32 + lane : nullptr;
-    auto load_w = [&](uint4 (&w)[LOADS], uint32_t& sc) {
+      for (int s = 0; s < 4; ++s) {
+        uint32_t a[4];
+        if constexpr (FP4)
+          decode_e2m1(wq[s], sg, sg8, a);
+        else if constexpr (KIND == 18)
+          decode_e4m3(wq[2 * s], wq[2 * s + 1], a);
+        else if constexpr (BITS == 4)
+          decode_int4(wq[s], bias, a);
+        else
+          decode_int8(wq[2 * s], wq[2 * s + 1], bias, a);
 #pragma unroll
-      for (int l = 0; l < LOADS; ++l) w[l] = __ldcs(wnext + l * 32);
-      wnext += LOADS * 32;
-      if constexpr (FP4) {
-        sc = __ldcs(snext);
-        snext += 32;
-      }
-    };
-    // x past K must read as zero (the padded codes there are not zero values).  One compare of a chunk counter
-    // per chunk (the lane's K offset only matters in the last, partial chunk): ptxas predicates these loads, where
-    // recomputing the lane offset each chunk (ABI 4 as first built) branched around them -- 112 loop instructions
-    // per chunk of int4 / bf16 at U = 1 against 108, and M = 1 rows 4-7 % slower on the H200.
-    const int full_chunks = p.K >> 6, k_lane = p.K - 16 * t;
-    auto load_x = [&](uint4 (&xv)[NT][2]) {
-      const bool in_k = xchunk < full_chunks || xchunk * 64 < k_lane;
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const uint4* xp = reinterpret_cast<const uint4*>(xnext[j]);
-        if (xok[j] && in_k) {
-          xv[j][0] = __ldg(xp);
-          xv[j][1] = __ldg(xp + 1);
-        } else {
-          xv[j][0] = xv[j][1] = make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < NT; ++j) {
+          const uint32_t* xr = reinterpret_cast<const uint32_t*>(xv[j]);
+          Act<T>::mma(part[j], a, xr[2 * s], xr[2 * s + 1]);
         }
-        xnext[j] += 64;
       }
-      ++xchunk;
     };
+    // A scale group ends (never after the range's last chunk: that fold follows the loop): scale its partials.
+    auto end_group = [&]() {
+      fold<NT, XG>(acc, part, s_cur, v, p.act_ld, grp++, t);
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (c0 + u < c1) load_w(wb[u], sb[u]);
-    load_x(xb[0]);
-
-    int left = channel ? 0x7fffffff : p.group_chunks;  // chunks until the current scale group ends
+      for (int j = 0; j < NT; ++j) part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
+      sp += 8;
+      s_cur = *sp;
+      if constexpr (ZERO) {
+        zp += 8;
+        z_cur = *zp;
+        bias.set(z_cur.x, z_cur.y);
+      }
+    };
+    const uint16_t* s_base = FP4 ? v.fp4_scales + (size_t)tile * p.chunks * 32 + lane : nullptr;
+    // x past K must read as zero (the padded codes there are not zero values); a token slot past M loads nothing
+    // and keeps the zeros its registers start with (measured faster at M = 1 than every lane reading row 0).
+    const int full_chunks = p.K >> 6, k_lane = p.K - 16 * t;
     if constexpr (XG) grp = c0 / p.group_chunks;
-    for (int c = c0; c < c1; c += U) {
+
+    if constexpr (U == 1) {
+      // Two register sets in ping-pong, the loop unrolled by two so that neither is ever copied: chunk c + 1 is
+      // loaded into B while A (chunk c) is computed, and so on.  The loop covers the whole chunks; a partial
+      // last chunk (K % 64, channel scales only: a scale group is whole chunks) follows it with its x masked.
+      // Group ends: GE = 0 none (channel scales), 2 only after B (an even number of chunks per group: the range
+      // starts on a group boundary), 1 after every chunk.
+      const int cfull = min(c1, full_chunks);
+      // running pointers, advanced a pair of chunks per iteration: the loads address them with constant offsets
+      const uint4* wq = wp + (size_t)c0 * LOADS * 32;
+      const uint16_t* sq = FP4 ? s_base + (size_t)c0 * 32 : nullptr;
+      const T* xq[NT];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int cc = c + u;
-        if (cc < c1) {
-          uint4 wcur[LOADS], xv[NT][2];
-          uint32_t scur = 0;
-          if constexpr (U == 1) {  // copy out, then refill the same registers with the next chunk
+      for (int j = 0; j < NT; ++j) xq[j] = xrow[j] + c0 * 64;
+      uint4 wA[LOADS], wB[LOADS], xA[NT][2], xB[NT][2];
+      uint32_t sA = 0, sB = 0;
 #pragma unroll
-            for (int l = 0; l < LOADS; ++l) wcur[l] = wb[0][l];
+      for (int j = 0; j < NT; ++j) xA[j][0] = xA[j][1] = xB[j][0] = xB[j][1] = make_uint4(0, 0, 0, 0);
+      // chunk (pair start) + d into a register set; in_k false only for the lanes past K of a partial chunk
+      auto load = [&](uint4 (&w)[LOADS], uint4 (&xv)[NT][2], uint32_t& sc, int d, bool in_k) {
 #pragma unroll
-            for (int j = 0; j < NT; ++j) xv[j][0] = xb[0][j][0], xv[j][1] = xb[0][j][1];
-            scur = sb[0];
-            if (cc + 1 < c1) {
-              load_w(wb[0], sb[0]);
-              load_x(xb[0]);
-            }
-          } else {  // (cc - c0) % 2 == u % 2: U is even
+        for (int l = 0; l < LOADS; ++l) w[l] = __ldcs(wq + (d * LOADS + l) * 32);
+        if constexpr (FP4) sc = __ldcs(sq + d * 32);
 #pragma unroll
-            for (int l = 0; l < LOADS; ++l) wcur[l] = wb[u][l];
+        for (int j = 0; j < NT; ++j)
+          if (xok[j] && in_k) {
+            const uint4* xp = reinterpret_cast<const uint4*>(xq[j] + d * 64);
+            xv[j][0] = __ldg(xp);
+            xv[j][1] = __ldg(xp + 1);
+          }
+      };
+      auto advance = [&]() {
+        wq += 2 * LOADS * 32;
+        if constexpr (FP4) sq += 2 * 32;
 #pragma unroll
-            for (int j = 0; j < NT; ++j) xv[j][0] = xb[u & 1][j][0], xv[j][1] = xb[u & 1][j][1];
-            scur = sb[u];
+        for (int j = 0; j < NT; ++j) xq[j] += 2 * 64;
+      };
+      auto run = [&](auto ge) {
+        constexpr int GE = decltype(ge)::value;
+        const int per = GE == 2 ? p.group_chunks >> 1 : p.group_chunks;  // pairs (GE 2) or chunks per group
+        int left = per;
+        const int n = cfull - c0;
+        if (n > 0) load(wA, xA, sA, 0, true);
+        for (int i = 0; i < n; i += 2) {
+          if (i + 1 < n) load(wB, xB, sB, 1, true);
+          compute(wA, xA, sA);
+          if constexpr (GE == 1) {
+            if (--left == 0 && c0 + i + 1 < c1) left = per, end_group();
+          }
+          if (i + 1 >= n) break;
+          if (i + 2 < n) load(wA, xA, sA, 2, true);
+          compute(wB, xB, sB);
+          if constexpr (GE != 0) {
+            if (--left == 0 && c0 + i + 2 < c1) left = per, end_group();
+          }
+          advance();
+        }
+      };
+      if (channel)
+        run(std::integral_constant<int, 0>{});
+      else if ((p.group_chunks & 1) == 0)
+        run(std::integral_constant<int, 2>{});
+      else
+        run(std::integral_constant<int, 1>{});
+      if (cfull < c1) {  // the partial last chunk, fresh registers (its lanes past K must read zeros)
+        wq = wp + (size_t)cfull * LOADS * 32;
+        if constexpr (FP4) sq = s_base + (size_t)cfull * 32;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          xq[j] = xrow[j] + cfull * 64;
+          xA[j][0] = xA[j][1] = make_uint4(0, 0, 0, 0);
+        }
+        load(wA, xA, sA, 0, cfull * 64 < k_lane);
+        compute(wA, xA, sA);
+      }
+    } else {
+      // U >= 2 (even): the weight streams U chunks ahead through a ring of registers, each slot refilled right
+      // after its chunk is consumed, and x (L1 / L2 hits) is double-buffered one chunk ahead.
+      const uint4* wnext = wp + (size_t)c0 * LOADS * 32;
+      const T* xnext[NT];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) xnext[j] = xrow[j] + c0 * 64;
+      int xchunk = c0;  // the chunk load_x reads next
+      uint4 wb[U][LOADS], xb[2][NT][2];
+      uint32_t sb[U];  // e2m1: the block-scale codes of each chunk in flight
+      const uint16_t* snext = FP4 ? s_base + (size_t)c0 * 32 : nullptr;
+      auto load_w = [&](uint4 (&w)[LOADS], uint32_t& sc) {
+#pragma unroll
+        for (int l = 0; l < LOADS; ++l) w[l] = __ldcs(wnext + l * 32);
+        wnext += LOADS * 32;
+        if constexpr (FP4) {
+          sc = __ldcs(snext);
+          snext += 32;
+        }
+      };
+      auto load_x = [&](uint4 (&xv)[NT][2]) {
+        const bool in_k = xchunk < full_chunks || xchunk * 64 < k_lane;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const uint4* xp = reinterpret_cast<const uint4*>(xnext[j]);
+          if (xok[j] && in_k) {
+            xv[j][0] = __ldg(xp);
+            xv[j][1] = __ldg(xp + 1);
+          } else {
+            xv[j][0] = xv[j][1] = make_uint4(0, 0, 0, 0);
+          }
+          xnext[j] += 64;
+        }
+        ++xchunk;
+      };
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c0 + u < c1) load_w(wb[u], sb[u]);
+      load_x(xb[0]);
+      int left = channel ? 0x7fffffff : p.group_chunks;  // chunks until the current scale group ends
+      for (int c = c0; c < c1; c += U) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int cc = c + u;
+          if (cc < c1) {  // (cc - c0) % 2 == u % 2: U is even
             if (cc + 1 < c1) load_x(xb[(u + 1) & 1]);
-          }
-          const uint32_t* wq = reinterpret_cast<const uint32_t*>(wcur);
-          uint32_t sg = 0, sg8 = 0;
-          if constexpr (FP4) fp4_scales<KIND>(scur, sg, sg8);
-#pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            uint32_t a[4];
-            if constexpr (FP4)
-              decode_e2m1(wq[s], sg, sg8, a);
-            else if constexpr (KIND == 18)
-              decode_e4m3(wq[2 * s], wq[2 * s + 1], a);
-            else if constexpr (BITS == 4)
-              decode_int4(wq[s], bias, a);
-            else
-              decode_int8(wq[2 * s], wq[2 * s + 1], bias, a);
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-              const uint32_t* xr = reinterpret_cast<const uint32_t*>(xv[j]);
-              Act<T>::mma(part[j], a, xr[2 * s], xr[2 * s + 1]);
-            }
-          }
-          if (U > 1 && cc + U < c1) load_w(wb[u], sb[u]);
-          if (--left == 0 && cc + 1 < c1) {  // a group ends: scale its partial sums
-            left = p.group_chunks;
-            fold<NT, XG>(acc, part, s_cur, v, p.act_ld, grp++, t);
-#pragma unroll
-            for (int j = 0; j < NT; ++j) part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
-            sp += 8;
-            s_cur = *sp;
-            if constexpr (ZERO) {
-              zp += 8;
-              z_cur = *zp;
-              bias.set(z_cur.x, z_cur.y);
-            }
+            compute(wb[u], xb[u & 1], sb[u]);
+            if (cc + U < c1) load_w(wb[u], sb[u]);
+            if (--left == 0 && cc + 1 < c1) left = p.group_chunks, end_group();
           }
         }
       }
@@ -487,7 +545,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 // Dense and grouped launches are separate kernels: registers are allocated per kernel, and the grouped pass loop
 // in the dense kernel took it from 64 to the 128 cap (measured: M = 1 rows 17-36 % slower on the H200).
 template <typename T, int KIND, int NT, bool ZERO, int U, bool XG>
-__global__ void __launch_bounds__(512) decode_mma_kernel(const Params p) {
+__global__ void __launch_bounds__(512, NT == 1 ? 2 : 1) decode_mma_kernel(const Params p) {
   const View v{p.w, p.row_scales, p.act_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M,
                p.out_scale};
   decode_tile<T, KIND, NT, ZERO, U, false, XG>(p, v);
