@@ -329,20 +329,8 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
     Bias<T, BITS> bias;
     bias.set(z_cur.x, z_cur.y);
 
-    // U = 1's x pointers (advanced a pair of chunks per iteration) and its in-place refill of x: half h (16 bytes
-    // per token tile) of the chunk at pair start + d, where in_k (false: lanes past K of a partial chunk read zeros)
-    const T* xq[NT];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) xq[j] = xrow[j] + c0 * 64;
-    auto load_x = [&](uint4 (&xv)[NT][2], int d, int h, bool in_k) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-        if (xok[j] && in_k) xv[j][h] = __ldg(reinterpret_cast<const uint4*>(xq[j] + d * 64) + h);
-    };
-    // One chunk's decode and MMAs into part (shared by every loop shape below).  With refill_d >= 0, once half h
-    // of xv is consumed (steps 0-1 read xv[j][0], steps 2-3 xv[j][1]) it is reloaded from chunk refill_d.
-    auto compute = [&](const uint4 (&wcur)[LOADS], uint4 (&xv)[NT][2], uint32_t scur, int refill_d = -1,
-                       bool more = false) {
+    // One chunk's decode and MMAs into part (shared by every loop shape below).
+    auto compute = [&](const uint4 (&wcur)[LOADS], const uint4 (&xv)[NT][2], uint32_t scur) {
       const uint32_t* wq = reinterpret_cast<const uint32_t*>(wcur);
       uint32_t sg = 0, sg8 = 0;
       if constexpr (FP4) fp4_scales<KIND>(scur, sg, sg8);
@@ -362,7 +350,6 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
           const uint32_t* xr = reinterpret_cast<const uint32_t*>(xv[j]);
           Act<T>::mma(part[j], a, xr[2 * s], xr[2 * s + 1]);
         }
-        if (U == 1 && NT == 2 && (s & 1) && refill_d >= 0) load_x(xv, refill_d, s >> 1, more);
       }
     };
     // A scale group ends (never after the range's last chunk: that fold follows the loop): scale its partials.
@@ -394,9 +381,9 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
       // running pointers, advanced a pair of chunks per iteration: the loads address them with constant offsets
       const uint4* wq = wp + (size_t)c0 * LOADS * 32;
       const uint16_t* sq = FP4 ? s_base + (size_t)c0 * 32 : nullptr;
-      // Two token tiles hold one x register set, refilled in place half a chunk ahead (XONE): a second set was 16
-      // more registers at 96 -- fewer warps per SM, and M = 16 is latency-bound for want of them.
-      constexpr bool XONE = NT == 2;
+      const T* xq[NT];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) xq[j] = xrow[j] + c0 * 64;
       uint4 wA[LOADS], wB[LOADS], xA[NT][2], xB[NT][2];
       uint32_t sA = 0, sB = 0;
 #pragma unroll
@@ -406,7 +393,13 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 #pragma unroll
         for (int l = 0; l < LOADS; ++l) w[l] = __ldcs(wq + (d * LOADS + l) * 32);
         if constexpr (FP4) sc = __ldcs(sq + d * 32);
-        if constexpr (!XONE) load_x(xv, d, 0, in_k), load_x(xv, d, 1, in_k);
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          if (xok[j] && in_k) {
+            const uint4* xp = reinterpret_cast<const uint4*>(xq[j] + d * 64);
+            xv[j][0] = __ldg(xp);
+            xv[j][1] = __ldg(xp + 1);
+          }
       };
       auto advance = [&]() {
         wq += 2 * LOADS * 32;
@@ -419,25 +412,16 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
         const int per = GE == 2 ? p.group_chunks >> 1 : p.group_chunks;  // pairs (GE 2) or chunks per group
         int left = per;
         const int n = cfull - c0;
-        if (n > 0) {
-          load(wA, xA, sA, 0, true);
-          if constexpr (XONE) load_x(xA, 0, 0, true), load_x(xA, 0, 1, true);
-        }
+        if (n > 0) load(wA, xA, sA, 0, true);
         for (int i = 0; i < n; i += 2) {
           if (i + 1 < n) load(wB, xB, sB, 1, true);
-          if constexpr (XONE)
-            compute(wA, xA, sA, 1, i + 1 < n);
-          else
-            compute(wA, xA, sA);
+          compute(wA, xA, sA);
           if constexpr (GE == 1) {
             if (--left == 0 && c0 + i + 1 < c1) left = per, end_group();
           }
           if (i + 1 >= n) break;
           if (i + 2 < n) load(wA, xA, sA, 2, true);
-          if constexpr (XONE)
-            compute(wB, xA, sB, 2, i + 2 < n);
-          else
-            compute(wB, xB, sB);
+          compute(wB, xB, sB);
           if constexpr (GE != 0) {
             if (--left == 0 && c0 + i + 2 < c1) left = per, end_group();
           }
@@ -458,9 +442,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
           xq[j] = xrow[j] + cfull * 64;
           xA[j][0] = xA[j][1] = make_uint4(0, 0, 0, 0);
         }
-        const bool in_k = cfull * 64 < k_lane;
-        load(wA, xA, sA, 0, in_k);
-        if constexpr (XONE) load_x(xA, 0, 0, in_k), load_x(xA, 0, 1, in_k);
+        load(wA, xA, sA, 0, cfull * 64 < k_lane);
         compute(wA, xA, sA);
       }
     } else {
