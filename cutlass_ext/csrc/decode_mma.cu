@@ -552,7 +552,7 @@ __global__ void __launch_bounds__(512, NT == 1 ? 2 : 1) decode_mma_kernel(const 
 }
 
 template <typename T, int KIND, int NT, bool ZERO, int U>
-__global__ void __launch_bounds__(512) decode_mma_grouped_kernel(const Params p) {
+__global__ void __launch_bounds__(512, NT == 1 ? 2 : 1) decode_mma_grouped_kernel(const Params p) {
   constexpr int LOADS = code_loads(KIND);
   View v{p.w, p.row_scales, nullptr, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M, p.out_scale};
   const int e = blockIdx.y;
