@@ -544,6 +544,9 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 
 // Dense and grouped launches are separate kernels: registers are allocated per kernel, and the grouped pass loop
 // in the dense kernel took it from 64 to the 128 cap (measured: M = 1 rows 17-36 % slower on the H200).
+// One token tile is bounded to 64 registers (two 512-thread CTAs per SM): without the bound the ping-pong loop took
+// int8 to 71 and the grouped kernel to 104, and those M = 8 / 128 MoE rows ran 4-18 % slower (session 11).  Two
+// tiles stay unbounded: capped at 64 they rematerialise (+33 % loop instructions, 30-100 % slower, session 10).
 template <typename T, int KIND, int NT, bool ZERO, int U, bool XG>
 __global__ void __launch_bounds__(512, NT == 1 ? 2 : 1) decode_mma_kernel(const Params p) {
   const View v{p.w, p.row_scales, p.act_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M,
