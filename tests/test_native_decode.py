@@ -384,19 +384,22 @@ def test_dense_decode_kernel_registers(tmp_path):
             f"decode_mma_kernel<{args}>: {per_chunk} instructions per chunk in its loops (budgets {budget})"
 
 
-# one token tile, U = 1 (the M = 1 winners): instructions per chunk of the chunk loops, sm_90, shortest first --
-# channel scales (no group ends: every e2m1 kind), an even number of chunks per group (a group end after every
-# pair of chunks: g128, g256), an odd number (after every chunk).  Session 11: two register sets in ping-pong
-# (the loop unrolled by two, no copies) and a loop per group-end shape took int4 108 -> 65 / 78 / 89.
-DENSE_LOOP_BUDGET = {"__nv_bfloat16, 4, 1, false, 1, false": (65, 78, 89),
-                     "__nv_bfloat16, 8, 1, false, 1, false": (102, 116, 126),
-                     "__nv_bfloat16, 40, 1, false, 1, false": (107, 119, 131),
-                     "__nv_bfloat16, 41, 1, false, 1, false": (127, 139, 151)}
+# instructions per chunk of the chunk loops, sm_90, shortest first -- channel scales (no group ends: every e2m1
+# kind), an even number of chunks per group (a group end after every pair of chunks: g128, g256), an odd number
+# (after every chunk).  One token tile, U = 1: the M = 1 winners; session 11's ping-pong registers (the loop
+# unrolled by two, no copies) and a loop per group-end shape took int4 108 -> 65 / 78 / 89; session 12's loop
+# unrolled by U + 1 (one body for U = 1 and 3) 62 / 77 / 92.  Two token tiles (M = 16), U = 1 and 3.
+DENSE_LOOP_BUDGET = {"__nv_bfloat16, 4, 1, false, 1, false": (62, 77, 92),
+                     "__nv_bfloat16, 8, 1, false, 1, false": (100, 116, 129),
+                     "__nv_bfloat16, 40, 1, false, 1, false": (105, 121, 135),
+                     "__nv_bfloat16, 41, 1, false, 1, false": (125, 138, 152),
+                     "__nv_bfloat16, 4, 2, false, 1, false": (71, 89, 105),
+                     "__nv_bfloat16, 4, 2, false, 3, false": (72, 91, 107)}
 
 
 def _chunk_loops(sass: str, kernel: str) -> list[float]:
     """Instructions per 64-wide chunk of each backward-branch loop of ``kernel``'s sm_90 SASS that holds the most
-    HMMAs (4 per chunk of one token tile), shortest first."""
+    HMMAs (4 per chunk and token tile; the tiles are the kernel's third template argument), shortest first."""
     import re
     body = None
     for part in re.split(r"\n\s+Function : ", sass):
@@ -413,4 +416,5 @@ def _chunk_loops(sass: str, kernel: str) -> list[float]:
             loops.append((sum("HMMA" in o for o in loop), len(loop)))
     most = max((mma for mma, _ in loops), default=0)
     assert most, f"{kernel}: no loop with an HMMA"
-    return sorted(n / (most / 4) for mma, n in loops if mma == most)
+    nt = int(kernel.split("<", 1)[1].split(",")[2])
+    return sorted(n / (most / (4 * nt)) for mma, n in loops if mma == most)

@@ -371,28 +371,36 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
     const int full_chunks = p.K >> 6, k_lane = p.K - 16 * t;
     if constexpr (XG) grp = c0 / p.group_chunks;
 
-    if constexpr (U == 1) {
-      // Two register sets in ping-pong, the loop unrolled by two so that neither is ever copied: chunk c + 1 is
-      // loaded into B while A (chunk c) is computed, and so on.  The loop covers the whole chunks; a partial
-      // last chunk (K % 64, channel scales only: a scale group is whole chunks) follows it with its x masked.
-      // Group ends: GE = 0 none (channel scales), 2 only after B (an even number of chunks per group: the range
-      // starts on a group boundary), 1 after every chunk.
+    if constexpr (U % 2 == 1) {
+      // D = U + 1 weight register sets, the loop unrolled by D so that none is ever copied: while chunk c is
+      // computed from set c % D, chunks c + 1 .. c + U are in flight (the set of chunk c - 1 was refilled with
+      // chunk c + U just before), and x, an L1 / L2 hit, is in ping-pong one chunk ahead.  U = 1 keeps 512 bytes
+      // per warp in flight; U = 3 (two token tiles: few warps per SM, latency-bound) 1.5 KB.  The loop covers the
+      // whole chunks; a partial last chunk (K % 64, channel scales only: a scale group is whole chunks) follows it
+      // with its x masked.  Group ends: GE = 0 none (channel scales), 2 only after every second chunk (an even
+      // number of chunks per group: the range starts on a group boundary), 1 after every chunk.
+      constexpr int D = U + 1;
       const int cfull = min(c1, full_chunks);
-      // running pointers, advanced a pair of chunks per iteration: the loads address them with constant offsets
+      // running pointers, advanced D chunks per iteration: the loads address them with constant offsets
       const uint4* wq = wp + (size_t)c0 * LOADS * 32;
       const uint16_t* sq = FP4 ? s_base + (size_t)c0 * 32 : nullptr;
       const T* xq[NT];
 #pragma unroll
       for (int j = 0; j < NT; ++j) xq[j] = xrow[j] + c0 * 64;
-      uint4 wA[LOADS], wB[LOADS], xA[NT][2], xB[NT][2];
-      uint32_t sA = 0, sB = 0;
+      uint4 wb[D][LOADS], xb[2][NT][2];
+      uint32_t sb[D];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) xA[j][0] = xA[j][1] = xB[j][0] = xB[j][1] = make_uint4(0, 0, 0, 0);
-      // chunk (pair start) + d into a register set; in_k false only for the lanes past K of a partial chunk
-      auto load = [&](uint4 (&w)[LOADS], uint4 (&xv)[NT][2], uint32_t& sc, int d, bool in_k) {
+      for (int d = 0; d < D; ++d) sb[d] = 0;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) xb[0][j][0] = xb[0][j][1] = xb[1][j][0] = xb[1][j][1] = make_uint4(0, 0, 0, 0);
+      // chunk (iteration start) + d into a register set
+      auto load_w = [&](uint4 (&w)[LOADS], uint32_t& sc, int d) {
 #pragma unroll
         for (int l = 0; l < LOADS; ++l) w[l] = __ldcs(wq + (d * LOADS + l) * 32);
         if constexpr (FP4) sc = __ldcs(sq + d * 32);
+      };
+      // in_k false only for the lanes past K of a partial chunk
+      auto load_x = [&](uint4 (&xv)[NT][2], int d, bool in_k) {
 #pragma unroll
         for (int j = 0; j < NT; ++j)
           if (xok[j] && in_k) {
@@ -402,28 +410,30 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
           }
       };
       auto advance = [&]() {
-        wq += 2 * LOADS * 32;
-        if constexpr (FP4) sq += 2 * 32;
+        wq += D * LOADS * 32;
+        if constexpr (FP4) sq += D * 32;
 #pragma unroll
-        for (int j = 0; j < NT; ++j) xq[j] += 2 * 64;
+        for (int j = 0; j < NT; ++j) xq[j] += D * 64;
       };
       auto run = [&](auto ge) {
         constexpr int GE = decltype(ge)::value;
         const int per = GE == 2 ? p.group_chunks >> 1 : p.group_chunks;  // pairs (GE 2) or chunks per group
         int left = per;
         const int n = cfull - c0;
-        if (n > 0) load(wA, xA, sA, 0, true);
-        for (int i = 0; i < n; i += 2) {
-          if (i + 1 < n) load(wB, xB, sB, 1, true);
-          compute(wA, xA, sA);
-          if constexpr (GE == 1) {
-            if (--left == 0 && c0 + i + 1 < c1) left = per, end_group();
-          }
-          if (i + 1 >= n) break;
-          if (i + 2 < n) load(wA, xA, sA, 2, true);
-          compute(wB, xB, sB);
-          if constexpr (GE != 0) {
-            if (--left == 0 && c0 + i + 2 < c1) left = per, end_group();
+#pragma unroll
+        for (int d = 0; d < U; ++d)
+          if (d < n) load_w(wb[d], sb[d], d);
+        if (n > 0) load_x(xb[0], 0, true);
+        for (int i = 0; i < n; i += D) {
+#pragma unroll
+          for (int q = 0; q < D; ++q) {
+            if (q > 0 && i + q >= n) break;
+            if (i + q + U < n) load_w(wb[(q + U) % D], sb[(q + U) % D], q + U);
+            if (i + q + 1 < n) load_x(xb[(q + 1) & 1], q + 1, true);
+            compute(wb[q], xb[q & 1], sb[q]);
+            if (GE == 1 || (GE == 2 && q % 2 == 1)) {  // q is unrolled: resolved at compile time
+              if (--left == 0 && c0 + i + q + 1 < c1) left = per, end_group();
+            }
           }
           advance();
         }
@@ -440,10 +450,11 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           xq[j] = xrow[j] + cfull * 64;
-          xA[j][0] = xA[j][1] = make_uint4(0, 0, 0, 0);
+          xb[0][j][0] = xb[0][j][1] = make_uint4(0, 0, 0, 0);
         }
-        load(wA, xA, sA, 0, cfull * 64 < k_lane);
-        compute(wA, xA, sA);
+        load_w(wb[0], sb[0], 0);
+        load_x(xb[0], 0, cfull * 64 < k_lane);
+        compute(wb[0], xb[0], sb[0]);
       }
     } else {
       // U >= 2 (even): the weight streams U chunks ahead through a ring of registers, each slot refilled right
@@ -603,6 +614,7 @@ cudaError_t pick_unroll(const Params& p, int experts, int unroll, int kw, int tw
   switch (unroll) {
     case 1: return launch<T, BITS, NT, ZERO, 1, XG>(p, experts, kw, tw, s);
     case 2: return launch<T, BITS, NT, ZERO, 2, XG>(p, experts, kw, tw, s);
+    case 3: return launch<T, BITS, NT, ZERO, 3, XG>(p, experts, kw, tw, s);
     case 4: return launch<T, BITS, NT, ZERO, 4, XG>(p, experts, kw, tw, s);
     case 8:  // two token tiles with eight chunks in flight: not built (registers)
       if constexpr (NT == 1 && !XG) return launch<T, BITS, NT, ZERO, 8, XG>(p, experts, kw, tw, s);

@@ -13,14 +13,15 @@ from ...calls import Call, KernelConfig
 from . import Family, register
 
 MAX_M = 16
-# (warps splitting K, 16-row tiles per CTA, chunks of weight in flight per warp).  One chunk ahead (U = 1, loaded
-# into fresh registers before the current chunk is computed) measured fastest on the H200 at every decode shape
-# so far; the register ring (U = 2 / 4 / 8) stays a candidate.  Two token tiles (M > 8) hold twice the activation
-# registers: at most four chunks in flight (eight are not built)
+# (warps splitting K, 16-row tiles per CTA, chunks of weight in flight per warp).  U = 1 / 3: D = U + 1 register
+# sets in a loop unrolled by D (no copies), x one chunk ahead; U = 2 / 4 / 8: the register ring refilled after use
+# (never a dense winner; the grouped kernel's U = 2 is).  One chunk ahead measured fastest on the H200 at M <= 8;
+# two token tiles (M > 8) launch few warps per SM (96-104 registers, grid-limited at 15.5 warps per SM) and wait
+# on their loads, so three chunks ahead are candidates there.  Two token tiles: at most four chunks in flight.
 _ONE_TILE = [(8, 1, 1), (16, 1, 1), (4, 1, 1), (4, 2, 1), (8, 2, 1), (8, 1, 2), (16, 1, 2), (8, 1, 4), (4, 1, 4),
-             (4, 2, 4), (2, 4, 4), (4, 4, 1)]
+             (4, 2, 4), (2, 4, 4), (4, 4, 1), (8, 1, 3), (4, 1, 3), (16, 1, 3)]
 _TWO_TILES = [(4, 4, 1), (8, 1, 1), (4, 1, 1), (8, 2, 1), (16, 1, 1), (4, 2, 1), (2, 4, 1), (4, 1, 2), (8, 1, 2),
-              (4, 2, 2)]
+              (4, 2, 2), (4, 1, 3), (8, 1, 3), (4, 2, 3), (2, 2, 3), (2, 1, 3)]
 # (measured and dropped, benchmarks/results/h200/ANALYSIS.md session 10: a shared-memory weight ring, 5-30 % slower;
 # the two-tile kernel held to 64 registers, 30-100 % slower -- the kernel is issue-bound, not starved of bytes or warps)
 
