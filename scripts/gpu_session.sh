@@ -17,6 +17,8 @@
 #   ab      the native sweep (mma_decode, M = $AB_M, default 1,16) run twice in this call: first with a second build
 #           of the library ($AB_LIB, e.g. the previous commit's kernels), then with this checkout's -- a same-run
 #           A/B of a kernel change                                              -> ab_old.txt/json, ab_new.txt/json
+#   ncu     ncu --set full of $NCU_LAUNCHES (native_probe --launches): sections and per-SASS stalls
+#                                                                 -> decode.ncu-rep, ncu.txt, ncu_sass.csv
 #   cutlass the sm_90a CUTLASS mixed-input GEMMs: load the carried build (else build here, 16 jobs), their GPU tests,
 #           a sweep of every variant at the headline shapes (M = 16..4096) beside the table's auto, memcheck over
 #           the tail shapes                                                           -> cutlass*.txt, cutlass_sweep.json
@@ -91,6 +93,13 @@ for step in $STEPS; do
       limited ${NATIVE_SWEEP_S:-120} python3 scripts/native_probe.py --sweep --out "$OUT/native_sweep.json" > "$OUT/native_sweep.txt" 2>&1
       limited ${NATIVE_ACT_S:-100} python3 scripts/native_probe.py --family mma_decode_act --sweep \
         --out "$OUT/native_act_sweep.json" > "$OUT/native_act_sweep.txt" 2>&1 ;;
+    ncu)  # stall reasons per SASS instruction of $NCU_LAUNCHES (native_probe --launches), and the sections
+      stamp ncu
+      limited ${NCU_S:-150} ncu --clock-control none -k regex:decode_mma --set full --import-source yes \
+        -o "$OUT/decode" python3 scripts/native_probe.py ${NCU_LAUNCHES:+--launches "$NCU_LAUNCHES"} > "$OUT/ncu_log.txt" 2>&1
+      ncu -i "$OUT/decode.ncu-rep" --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section Occupancy --section LaunchStats --section SourceCounters > "$OUT/ncu.txt" 2>&1
+      ncu -i "$OUT/decode.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_sass.csv" 2>&1 ;;
     ab)
       stamp ab
       limited ${AB_S:-110} env HT_NATIVE_LIB="$AB_LIB" python3 scripts/native_probe.py --sweep --m ${AB_M:-1,16} \

@@ -68,13 +68,17 @@ def odd_shapes(family: str = "mma_decode") -> None:
     print(f"odd shapes: every {family} config matches the reference")
 
 
-def profile() -> None:
-    """Five launches for ncu, one each: w4a16, MXFP4 and NVFP4 at M = 1 with the table's config (8 warps on K x 2
-    tiles, one chunk ahead); w4a16 at M = 16 with 4 and with 8 warps on K (one tile per CTA)."""
+def profile(launches: str | None = None) -> None:
+    """Launches for ncu, one each.  Default: w4a16, MXFP4 and NVFP4 at M = 1 with the table's config (8 warps on K
+    x 2 tiles, one chunk ahead); w4a16 at M = 16 with 4 and with 8 warps on K (one tile per CTA).  ``launches``:
+    'scheme:M:kw,tw,unroll' joined by ';' (8192² each)."""
     fam = families.get("mma_decode")
-    cfg = lambda kw, tw: KernelConfig("mma_decode", 16, 16 * tw, 64, kw, 8, kw * tw, 1)  # noqa: E731
-    for scheme, m, c in [("w4a16", 1, cfg(8, 2)), ("mxfp4", 1, cfg(8, 2)), ("nvfp4", 1, cfg(8, 2)),
-                         ("w4a16", 16, cfg(4, 1)), ("w4a16", 16, cfg(8, 1))]:
+    cfg = lambda kw, tw, u=1: KernelConfig("mma_decode", 16, 16 * tw, 64, kw, 8, kw * tw, u)  # noqa: E731
+    todo = [("w4a16", 1, cfg(8, 2)), ("mxfp4", 1, cfg(8, 2)), ("nvfp4", 1, cfg(8, 2)),
+            ("w4a16", 16, cfg(4, 1)), ("w4a16", 16, cfg(8, 1))]
+    if launches:
+        todo = [(sc, int(m), cfg(*map(int, c.split(",")))) for sc, m, c in (x.split(":") for x in launches.split(";"))]
+    for scheme, m, c in todo:
         qw, x = _case(scheme, 8192, 8192, m)
         out = torch.empty(m, 8192, dtype=x.dtype, device="cuda")
         fam.run(x, x, qw, None, x.dtype, c, out)
@@ -138,6 +142,7 @@ def main() -> int:
     ap.add_argument("--m", default=None, help="token counts (default: 1,4,16 for mma_decode, 16..4096 for cutlass)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--schemes", default=None, help="comma list: sweep only these schemes' bf16 shapes")
+    ap.add_argument("--launches", default=None, help="profile these: 'scheme:M:kw,tw,unroll' joined by ';'")
     a = ap.parse_args()
     ms = a.m or ("1,4,16" if a.family in DECODE_FAMILIES else "16,64,256,1024,4096")
     if a.odd:
@@ -145,7 +150,7 @@ def main() -> int:
     elif a.sweep:
         sweep([int(v) for v in ms.split(",")], a.out, a.family, a.schemes.split(",") if a.schemes else None)
     else:
-        profile()
+        profile(a.launches)
     return 0
 
 
