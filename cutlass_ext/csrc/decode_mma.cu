@@ -402,8 +402,12 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
       }
       const uint4* ssrc = FP4 ? reinterpret_cast<const uint4*>(v.fp4_scales + ((size_t)tile * p.chunks + c0) * 32) +
                                     (lane & 3) : nullptr;
+      // the weight streams past L1 (.cg); x and the scale codes are read by every tile's warps: through L1 (.ca)
       auto copy = [&](uint32_t dst, const void* src, int bytes) {
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+      };
+      auto copy_l1 = [&](uint32_t dst, const void* src, int bytes) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
       };
       // the next chunk's copies into slot ws; in_k false: the partial chunk, whose lanes past K copy zeros
       auto issue = [&](int ws, bool in_k) {
@@ -413,8 +417,8 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
         const bool k_ok = in_k || k_part > 0;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          copy(d + (LOADS * 32 + 2 * j * 32) * 16, xsrc[j], k_ok ? xbytes[j] : 0);
-          copy(d + (LOADS * 32 + (2 * j + 1) * 32) * 16, xsrc[j] + 1, k_ok ? xbytes[j] : 0);
+          copy_l1(d + (LOADS * 32 + 2 * j * 32) * 16, xsrc[j], k_ok ? xbytes[j] : 0);
+          copy_l1(d + (LOADS * 32 + (2 * j + 1) * 32) * 16, xsrc[j] + 1, k_ok ? xbytes[j] : 0);
           xsrc[j] += 8;
         }
         if constexpr (FP4) {
