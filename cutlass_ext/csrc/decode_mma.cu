@@ -42,11 +42,6 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return d;
 }
 
-// Ampere+ asynchronous global -> shared copies (the S > 0 ring): one commit group per chunk, waited for in order.
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory"); }
-
 template <typename T>
 struct Act;
 
@@ -294,8 +289,7 @@ __device__ __forceinline__ void fold(float (&acc)[NT][4], const float (&part)[NT
 
 // KIND: 4 int4, 8 int8 (codes as unsigned offsets, fp32 group scales), 18 e4m3 (fp16 only), 40 e2m1 + e8m0,
 // 41 e2m1 + e4m3 (bf16 only).  XG: activation codes with a scale per token and weight scale group (act_scales).
-// S > 0: a ring of S chunks per warp in shared memory (U = 1), see below.
-template <typename T, int KIND, int NT, bool ZERO, int U, bool GROUPED, bool XG = false, int S = 0>
+template <typename T, int KIND, int NT, bool ZERO, int U, bool GROUPED, bool XG = false>
 __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
   constexpr bool FP4 = KIND >= 40;
   constexpr int BITS = FP4 ? 4 : (KIND == 18 ? 8 : KIND);
@@ -304,10 +298,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
   const int g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x * blockDim.z + tw;
   const int tiles = (p.N + 15) >> 4;
-  // S > 0: every warp's ring ([S][SLOT] x 16 bytes) first; then the split-K buffer red, [TW][KW][32][4 NT]
-  constexpr int SLOT = LOADS * 32 + NT * 64 + (FP4 ? 4 : 0);  // a chunk's codes, x, e2m1 scale codes (uint4s)
-  extern __shared__ uint4 dyn_smem[];
-  float* red = reinterpret_cast<float*>(dyn_smem + (size_t)blockDim.z * KW * S * SLOT);
+  extern __shared__ float red[];  // [TW][KW][32][4 NT]
 
   float acc[NT][4], part[NT][4];
 #pragma unroll
@@ -380,90 +371,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
     const int full_chunks = p.K >> 6, k_lane = p.K - 16 * t;
     if constexpr (XG) grp = c0 / p.group_chunks;
 
-    if constexpr (S > 0) {
-      // Every global load of the loop is a cp.async into this warp's ring of S chunks (S - 1 in flight), one
-      // commit group per chunk: cp.async.wait_group waits for exactly the oldest chunk.  Why: ptxas gives every
-      // register-destination load of the register loops one scoreboard (SASS, sm_90: all LDGs write SB5), so the
-      // first use of chunk c also waits for the chunk c + 1 loads issued just before it -- one chunk of latency
-      // per chunk however many register sets are in flight.  Each lane copies and reads back only its own 16-byte
-      // pieces (no barrier), except the e2m1 scale codes: 64 bytes per chunk copied by lanes 0-3 (a __syncwarp).
-      uint4* ring = dyn_smem + (size_t)(tw * KW + kw) * S * SLOT + lane;
-      const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));  // this lane's, slot 0
-      const int n = c1 - c0, n_full = max(0, min(c1, full_chunks) - c0);  // whole chunks: every lane inside K
-      const int k_part = k_lane - (c0 + n_full) * 64;  // > 0: this lane is inside K in the partial chunk (if any)
-      // running sources, advanced a chunk per copy; a token slot past M copies zero bytes (reads nothing)
-      const uint4* wsrc = wp + (size_t)c0 * LOADS * 32;
-      const uint4* xsrc[NT];
-      int xbytes[NT];
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        xsrc[j] = reinterpret_cast<const uint4*>(xrow[j] + c0 * 64);
-        xbytes[j] = xok[j] ? 16 : 0;
-      }
-      const uint4* ssrc = FP4 ? reinterpret_cast<const uint4*>(v.fp4_scales + ((size_t)tile * p.chunks + c0) * 32) +
-                                    (lane & 3) : nullptr;
-      // the weight streams past L1 (.cg); x and the scale codes are read by every tile's warps: through L1 (.ca)
-      auto copy = [&](uint32_t dst, const void* src, int bytes) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-      };
-      auto copy_l1 = [&](uint32_t dst, const void* src, int bytes) {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-      };
-      // the next chunk's copies into slot ws; in_k false: the partial chunk, whose lanes past K copy zeros
-      auto issue = [&](int ws, bool in_k) {
-        const uint32_t d = ring_s + ws * SLOT * 16;
-#pragma unroll
-        for (int l = 0; l < LOADS; ++l) copy(d + l * 512, wsrc + l * 32, 16);
-        const bool k_ok = in_k || k_part > 0;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          copy_l1(d + (LOADS * 32 + 2 * j * 32) * 16, xsrc[j], k_ok ? xbytes[j] : 0);
-          copy_l1(d + (LOADS * 32 + (2 * j + 1) * 32) * 16, xsrc[j] + 1, k_ok ? xbytes[j] : 0);
-          xsrc[j] += 8;
-        }
-        if constexpr (FP4) {
-          if (lane < 4) copy(d + (LOADS * 32 + NT * 64) * 16, ssrc, 16);  // d carries 16 lane: uint4 `lane` of 4
-          ssrc += 4;
-        }
-        wsrc += LOADS * 32;
-      };
-      // chunks c0 .. c1 - 1 (i = 0 .. n - 1): chunk i's copies are issued S - 1 chunks ahead, one commit group each
-#pragma unroll
-      for (int d = 0; d < S - 1; ++d) {
-        if (d < n) issue(d, d < n_full);
-        cp_async_commit();
-      }
-      int rs = 0;  // the slot of chunk i
-      int left = channel ? 0x7fffffff : p.group_chunks;  // chunks until the current scale group ends
-      // WHAT: 0 copies nothing (the last S - 1 chunks), 1 a whole chunk, 2 chunk i + S - 1 (maybe the partial one)
-      auto step = [&](int i, auto what) {
-        constexpr int WHAT = decltype(what)::value;
-        cp_async_wait<S - 2>();  // this lane's copies of chunk i have landed
-        if constexpr (FP4) __syncwarp();  // and lanes 0-3's scale codes; every lane is done with the slot refilled
-        const uint4* slot = ring + rs * SLOT;
-        uint4 wcur[LOADS], xv[NT][2];
-#pragma unroll
-        for (int l = 0; l < LOADS; ++l) wcur[l] = slot[l * 32];
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          xv[j][0] = slot[LOADS * 32 + (2 * j) * 32];
-          xv[j][1] = slot[LOADS * 32 + (2 * j + 1) * 32];
-        }
-        uint32_t scur = 0;
-        if constexpr (FP4) scur = reinterpret_cast<const uint16_t*>(slot - lane + LOADS * 32 + NT * 64)[lane];
-        if constexpr (WHAT == 1) issue((rs + S - 1) & (S - 1), true);  // into chunk i - 1's slot
-        if constexpr (WHAT == 2) issue((rs + S - 1) & (S - 1), i + S - 1 < n_full);
-        cp_async_commit();
-        rs = (rs + 1) & (S - 1);
-        compute(wcur, xv, scur);
-        if (--left == 0 && c0 + i + 1 < c1) left = p.group_chunks, end_group();
-      };
-      const int steady = max(0, n - (S - 1));  // the steps that copy a chunk
-      int i = 0;
-      for (; i + 1 < steady; ++i) step(i, std::integral_constant<int, 1>{});
-      if (i < steady) step(i++, std::integral_constant<int, 2>{});
-      for (; i < n; ++i) step(i, std::integral_constant<int, 0>{});
-    } else if constexpr (U % 2 == 1) {
+    if constexpr (U % 2 == 1) {
       // D = U + 1 weight register sets, the loop unrolled by D so that none is ever copied: while chunk c is
       // computed from set c % D, chunks c + 1 .. c + U are in flight (the set of chunk c - 1 was refilled with
       // chunk c + U just before), and x, an L1 / L2 hit, is in ping-pong one chunk ahead.  U = 1 keeps 512 bytes
@@ -650,11 +558,11 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 // One token tile is bounded to 64 registers (two 512-thread CTAs per SM): without the bound the ping-pong loop took
 // int8 to 71 and the grouped kernel to 104, and those M = 8 / 128 MoE rows ran 4-18 % slower (session 11).  Two
 // tiles stay unbounded: capped at 64 they rematerialise (+33 % loop instructions, 30-100 % slower, session 10).
-template <typename T, int KIND, int NT, bool ZERO, int U, bool XG, int S = 0>
+template <typename T, int KIND, int NT, bool ZERO, int U, bool XG>
 __global__ void __launch_bounds__(512, NT == 1 ? 2 : 1) decode_mma_kernel(const Params p) {
   const View v{p.w, p.row_scales, p.act_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M,
                p.out_scale};
-  decode_tile<T, KIND, NT, ZERO, U, false, XG, S>(p, v);
+  decode_tile<T, KIND, NT, ZERO, U, false, XG>(p, v);
 }
 
 template <typename T, int KIND, int NT, bool ZERO, int U>
@@ -701,24 +609,6 @@ cudaError_t launch(const Params& p, int experts, int kw, int tw, cudaStream_t st
   return cudaGetLastError();
 }
 
-// The S-chunk shared-memory ring (dense, weight-only launches): above 48 KB a kernel must opt in, once.
-template <typename T, int BITS, int NT, bool ZERO, int S>
-cudaError_t launch_ring(const Params& p, int kw, int tw, cudaStream_t stream) {
-  constexpr int SLOT = code_loads(BITS) * 32 + NT * 64 + (BITS >= 40 ? 4 : 0);
-  const int tiles = (p.N + 15) / 16;
-  dim3 block(32, kw, tw), grid((tiles + tw - 1) / tw);
-  const size_t smem = (size_t)tw * kw * S * SLOT * 16 + (kw > 1 ? (size_t)tw * kw * 32 * 4 * NT * sizeof(float) : 0);
-  auto kernel = decode_mma_kernel<T, BITS, NT, ZERO, 1, false, S>;
-  static size_t allowed = 48 * 1024;  // per instantiation (a race only repeats the same call)
-  if (smem > allowed) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (err != cudaSuccess) return err;
-    allowed = smem;
-  }
-  kernel<<<grid, block, smem, stream>>>(p);
-  return cudaGetLastError();
-}
-
 template <typename T, int BITS, int NT, bool ZERO, bool XG = false>
 cudaError_t pick_unroll(const Params& p, int experts, int unroll, int kw, int tw, cudaStream_t s) {
   switch (unroll) {
@@ -728,13 +618,6 @@ cudaError_t pick_unroll(const Params& p, int experts, int unroll, int kw, int tw
     case 4: return launch<T, BITS, NT, ZERO, 4, XG>(p, experts, kw, tw, s);
     case 8:  // two token tiles with eight chunks in flight: not built (registers)
       if constexpr (NT == 1 && !XG) return launch<T, BITS, NT, ZERO, 8, XG>(p, experts, kw, tw, s);
-      return cudaErrorInvalidValue;
-    case -4:  // -S: the shared-memory ring of S chunks per warp (dense weight-only launches)
-    case -8:
-      if constexpr (!XG) {
-        if (p.offsets != nullptr) return cudaErrorInvalidValue;
-        return unroll == -4 ? launch_ring<T, BITS, NT, ZERO, 4>(p, kw, tw, s) : launch_ring<T, BITS, NT, ZERO, 8>(p, kw, tw, s);
-      }
       return cudaErrorInvalidValue;
     default: return cudaErrorInvalidValue;
   }

@@ -22,21 +22,13 @@ _ONE_TILE = [(8, 1, 1), (16, 1, 1), (4, 1, 1), (4, 2, 1), (8, 2, 1), (8, 1, 2), 
              (4, 2, 4), (2, 4, 4), (4, 4, 1), (8, 1, 3), (4, 1, 3), (16, 1, 3)]
 _TWO_TILES = [(4, 4, 1), (8, 1, 1), (4, 1, 1), (8, 2, 1), (16, 1, 1), (4, 2, 1), (2, 4, 1), (4, 1, 2), (8, 1, 2),
               (4, 2, 2), (4, 1, 3), (8, 1, 3), (4, 2, 3), (2, 2, 3), (2, 1, 3)]
-# (warps splitting K, 16-row tiles per CTA, -S): every global load of the loop a cp.async into a ring of S chunks per
-# warp in shared memory, S - 1 in flight, waited for in order (the register loops' loads all share one scoreboard,
-# so their first use of chunk c waits for the chunk c + 1 loads too: session 12's SASS).  Dense weight-only launches.
-_ONE_TILE_RING = [(8, 1, -4), (16, 1, -4), (8, 2, -4), (8, 1, -8), (4, 1, -8)]
-_TWO_TILES_RING = [(4, 1, -4), (8, 1, -4), (4, 2, -4), (8, 2, -4), (16, 1, -4), (4, 1, -8), (8, 1, -8)]
 # (measured and dropped, benchmarks/results/h200/ANALYSIS.md session 10: a shared-memory weight ring, 5-30 % slower;
 # the two-tile kernel held to 64 registers, 30-100 % slower -- the kernel is issue-bound, not starved of bytes or warps)
 
 
 def decode_grid(family: str, m: int) -> list[KernelConfig]:
-    """The configs worth timing at ``m`` rows (block_n: 16 rows per tile-warp; split_k: warps splitting K;
-    num_stages: chunks of weight in flight per warp in registers, or -S: the shared-memory ring of S chunks)."""
+    """The configs worth timing at ``m`` rows (block_n: 16 rows per tile-warp; split_k: warps splitting K)."""
     grid = _ONE_TILE if m <= 8 else _TWO_TILES
-    if family == "mma_decode":
-        grid = grid + (_ONE_TILE_RING if m <= 8 else _TWO_TILES_RING)
     return [KernelConfig(family, 16, 16 * tw, 64, kw, 8, kw * tw, u) for kw, tw, u in grid]
 
 
