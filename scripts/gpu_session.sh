@@ -14,9 +14,9 @@
 #   native  the native CUDA library (cutlass_ext): loads or is built here, its GPU tests, an ncu profile and a
 #           sweep of its configs at the decode shapes, weight-only and on activation codes (mma_decode_act)
 #                                                                            -> native*.txt, native*_sweep.json
-#   ab      the native sweep (mma_decode, M = $AB_M, default 1,16) run twice in this call: first with a second build
-#           of the library ($AB_LIB, e.g. the previous commit's kernels), then with this checkout's -- a same-run
-#           A/B of a kernel change                                              -> ab_old.txt/json, ab_new.txt/json
+#   ab      the native sweep (mma_decode, M = $AB_M, default 1,16) run with other builds of the library first
+#           ($AB_LIBS "name:path ...", default "old:$AB_LIB", e.g. the previous commit's kernels), then with this
+#           checkout's -- a same-run A/B of a kernel change                    -> ab_<name>.txt/json, ab_new.txt/json
 #   ncu     ncu --set full of $NCU_LAUNCHES (native_probe --launches): sections and per-SASS stalls
 #                                                                 -> decode.ncu-rep, ncu.txt, ncu_sass.csv
 #   cutlass the sm_90a CUTLASS mixed-input GEMMs: load the carried build (else build here, 16 jobs), their GPU tests,
@@ -100,10 +100,12 @@ for step in $STEPS; do
       ncu -i "$OUT/decode.ncu-rep" --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
         --section Occupancy --section LaunchStats --section SourceCounters > "$OUT/ncu.txt" 2>&1
       ncu -i "$OUT/decode.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_sass.csv" 2>&1 ;;
-    ab)
+    ab)  # $AB_LIBS ("name:path ..."; default "old:$AB_LIB") first, each to ab_<name>.*, then this checkout's build
       stamp ab
-      limited ${AB_S:-110} env HT_NATIVE_LIB="$AB_LIB" python3 scripts/native_probe.py --sweep --m ${AB_M:-1,16} \
-        ${AB_SCHEMES:+--schemes $AB_SCHEMES} --out "$OUT/ab_old.json" > "$OUT/ab_old.txt" 2>&1
+      for named in ${AB_LIBS:-old:$AB_LIB}; do
+        limited ${AB_S:-110} env HT_NATIVE_LIB="${named#*:}" python3 scripts/native_probe.py --sweep --m ${AB_M:-1,16} \
+          ${AB_SCHEMES:+--schemes $AB_SCHEMES} --out "$OUT/ab_${named%%:*}.json" > "$OUT/ab_${named%%:*}.txt" 2>&1
+      done
       limited ${AB_S:-110} python3 scripts/native_probe.py --sweep --m ${AB_M:-1,16} \
         ${AB_SCHEMES:+--schemes $AB_SCHEMES} --out "$OUT/ab_new.json" > "$OUT/ab_new.txt" 2>&1 ;;
     cutlass)  # the sm_90a CUTLASS GEMMs: carried build or built here; GPU tests; variant sweep; memcheck on tails

@@ -329,13 +329,14 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
     Bias<T, BITS> bias;
     bias.set(z_cur.x, z_cur.y);
 
-    // One chunk's decode and MMAs into part (shared by every loop shape below).
-    auto compute = [&](const uint4 (&wcur)[LOADS], const uint4 (&xv)[NT][2], uint32_t scur) {
+    // Steps s0 .. s1 - 1 of one chunk's decode and MMAs into part (shared by every loop shape below); x[h][j]:
+    // token tile j's words of steps 2h, 2h + 1.
+    auto compute_steps = [&](const uint4 (&wcur)[LOADS], const uint4 (&x)[2][NT], uint32_t scur, int s0, int s1) {
       const uint32_t* wq = reinterpret_cast<const uint32_t*>(wcur);
       uint32_t sg = 0, sg8 = 0;
       if constexpr (FP4) fp4_scales<KIND>(scur, sg, sg8);
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
+      for (int s = s0; s < s1; ++s) {
         uint32_t a[4];
         if constexpr (FP4)
           decode_e2m1(wq[s], sg, sg8, a);
@@ -347,10 +348,13 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
           decode_int8(wq[2 * s], wq[2 * s + 1], bias, a);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          const uint32_t* xr = reinterpret_cast<const uint32_t*>(xv[j]);
-          Act<T>::mma(part[j], a, xr[2 * s], xr[2 * s + 1]);
+          const uint32_t* xr = reinterpret_cast<const uint32_t*>(&x[s >> 1][j]) + 2 * (s & 1);
+          Act<T>::mma(part[j], a, xr[0], xr[1]);
         }
       }
+    };
+    auto compute = [&](const uint4 (&wcur)[LOADS], const uint4 (&x)[2][NT], uint32_t scur) {
+      compute_steps(wcur, x, scur, 0, 4);
     };
     // A scale group ends (never after the range's last chunk: that fold follows the loop): scale its partials.
     auto end_group = [&]() {
@@ -380,6 +384,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
       // with its x masked.  Group ends: GE = 0 none (channel scales), 2 only after every second chunk (an even
       // number of chunks per group: the range starts on a group boundary), 1 after every chunk.
       constexpr int D = U + 1;
+      constexpr bool XH = NT > 1;
       const int cfull = min(c1, full_chunks);
       // running pointers, advanced D chunks per iteration: the loads address them with constant offsets
       const uint4* wq = wp + (size_t)c0 * LOADS * 32;
@@ -387,12 +392,12 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
       const T* xq[NT];
 #pragma unroll
       for (int j = 0; j < NT; ++j) xq[j] = xrow[j] + c0 * 64;
-      uint4 wb[D][LOADS], xb[2][NT][2];
+      uint4 wb[D][LOADS], xb[2][2][NT];
       uint32_t sb[D];
 #pragma unroll
       for (int d = 0; d < D; ++d) sb[d] = 0;
 #pragma unroll
-      for (int j = 0; j < NT; ++j) xb[0][j][0] = xb[0][j][1] = xb[1][j][0] = xb[1][j][1] = make_uint4(0, 0, 0, 0);
+      for (int j = 0; j < NT; ++j) xb[0][0][j] = xb[0][1][j] = xb[1][0][j] = xb[1][1][j] = make_uint4(0, 0, 0, 0);
       // chunk (iteration start) + d into a register set
       auto load_w = [&](uint4 (&w)[LOADS], uint32_t& sc, int d) {
 #pragma unroll
@@ -400,13 +405,29 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
         if constexpr (FP4) sc = __ldcs(sq + d * 32);
       };
       // in_k false only for the lanes past K of a partial chunk
-      auto load_x = [&](uint4 (&xv)[NT][2], int d, bool in_k) {
+      auto load_x = [&](uint4 (&xv)[2][NT], int d, bool in_k) {
 #pragma unroll
         for (int j = 0; j < NT; ++j)
           if (xok[j] && in_k) {
             const uint4* xp = reinterpret_cast<const uint4*>(xq[j] + d * 64);
-            xv[j][0] = __ldg(xp);
-            xv[j][1] = __ldg(xp + 1);
+            xv[0][j] = __ldg(xp);
+            xv[1][j] = __ldg(xp + 1);
+          }
+      };
+      // XH (two token tiles): x in ping-pong by half chunks -- half h (steps 2h, 2h + 1) always in buffer h, loaded
+      // two steps ahead -- 4 NT registers of x in flight instead of 16 NT, so that two 512-thread CTAs fit an SM
+      uint4 xh[2][NT];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) xh[0][j] = xh[1][j] = make_uint4(0, 0, 0, 0);
+      auto load_xh = [&](uint4 (&xv)[NT], int d, int h) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          if (xok[j]) {
+#if HT_TWO_TILE_CAP
+            xv[j] = __ldg(reinterpret_cast<const uint4*>(xq[0] + j * 8 * p.ldx + d * 64) + h);
+#else
+            xv[j] = __ldg(reinterpret_cast<const uint4*>(xq[j] + d * 64) + h);
+#endif
           }
       };
       auto advance = [&]() {
@@ -423,14 +444,26 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 #pragma unroll
         for (int d = 0; d < U; ++d)
           if (d < n) load_w(wb[d], sb[d], d);
-        if (n > 0) load_x(xb[0], 0, true);
+        if (n > 0) {
+          if constexpr (XH)
+            load_xh(xh[0], 0, 0);
+          else
+            load_x(xb[0], 0, true);
+        }
         for (int i = 0; i < n; i += D) {
 #pragma unroll
           for (int q = 0; q < D; ++q) {
             if (q > 0 && i + q >= n) break;
             if (i + q + U < n) load_w(wb[(q + U) % D], sb[(q + U) % D], q + U);
-            if (i + q + 1 < n) load_x(xb[(q + 1) & 1], q + 1, true);
-            compute(wb[q], xb[q & 1], sb[q]);
+            if constexpr (XH) {
+              load_xh(xh[1], q, 1);  // buffer 1 is free: the previous chunk's steps 2-3 are done
+              compute_steps(wb[q], xh, sb[q], 0, 2);
+              if (i + q + 1 < n) load_xh(xh[0], q + 1, 0);  // steps 0-1 are done with buffer 0
+              compute_steps(wb[q], xh, sb[q], 2, 4);
+            } else {
+              if (i + q + 1 < n) load_x(xb[(q + 1) & 1], q + 1, true);
+              compute(wb[q], xb[q & 1], sb[q]);
+            }
             if (GE == 1 || (GE == 2 && q % 2 == 1)) {  // q is unrolled: resolved at compile time
               if (--left == 0 && c0 + i + q + 1 < c1) left = per, end_group();
             }
@@ -450,7 +483,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           xq[j] = xrow[j] + cfull * 64;
-          xb[0][j][0] = xb[0][j][1] = make_uint4(0, 0, 0, 0);
+          xb[0][0][j] = xb[0][1][j] = make_uint4(0, 0, 0, 0);
         }
         load_w(wb[0], sb[0], 0);
         load_x(xb[0], 0, cfull * 64 < k_lane);
@@ -464,7 +497,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) xnext[j] = xrow[j] + c0 * 64;
       int xchunk = c0;  // the chunk load_x reads next
-      uint4 wb[U][LOADS], xb[2][NT][2];
+      uint4 wb[U][LOADS], xb[2][2][NT];
       uint32_t sb[U];  // e2m1: the block-scale codes of each chunk in flight
       const uint16_t* snext = FP4 ? s_base + (size_t)c0 * 32 : nullptr;
       auto load_w = [&](uint4 (&w)[LOADS], uint32_t& sc) {
@@ -476,16 +509,16 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
           snext += 32;
         }
       };
-      auto load_x = [&](uint4 (&xv)[NT][2]) {
+      auto load_x = [&](uint4 (&xv)[2][NT]) {
         const bool in_k = xchunk < full_chunks || xchunk * 64 < k_lane;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           const uint4* xp = reinterpret_cast<const uint4*>(xnext[j]);
           if (xok[j] && in_k) {
-            xv[j][0] = __ldg(xp);
-            xv[j][1] = __ldg(xp + 1);
+            xv[0][j] = __ldg(xp);
+            xv[1][j] = __ldg(xp + 1);
           } else {
-            xv[j][0] = xv[j][1] = make_uint4(0, 0, 0, 0);
+            xv[0][j] = xv[1][j] = make_uint4(0, 0, 0, 0);
           }
           xnext[j] += 64;
         }
@@ -558,8 +591,11 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 // One token tile is bounded to 64 registers (two 512-thread CTAs per SM): without the bound the ping-pong loop took
 // int8 to 71 and the grouped kernel to 104, and those M = 8 / 128 MoE rows ran 4-18 % slower (session 11).  Two
 // tiles stay unbounded: capped at 64 they rematerialise (+33 % loop instructions, 30-100 % slower, session 10).
+#ifndef HT_TWO_TILE_CAP
+#define HT_TWO_TILE_CAP 0
+#endif
 template <typename T, int KIND, int NT, bool ZERO, int U, bool XG>
-__global__ void __launch_bounds__(512, NT == 1 ? 2 : 1) decode_mma_kernel(const Params p) {
+__global__ void __launch_bounds__(512, NT == 1 || HT_TWO_TILE_CAP ? 2 : 1) decode_mma_kernel(const Params p) {
   const View v{p.w, p.row_scales, p.act_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M,
                p.out_scale};
   decode_tile<T, KIND, NT, ZERO, U, false, XG>(p, v);

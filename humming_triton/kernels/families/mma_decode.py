@@ -21,7 +21,7 @@ MAX_M = 16
 _ONE_TILE = [(8, 1, 1), (16, 1, 1), (4, 1, 1), (4, 2, 1), (8, 2, 1), (8, 1, 2), (16, 1, 2), (8, 1, 4), (4, 1, 4),
              (4, 2, 4), (2, 4, 4), (4, 4, 1), (8, 1, 3), (4, 1, 3), (16, 1, 3)]
 _TWO_TILES = [(4, 4, 1), (8, 1, 1), (4, 1, 1), (8, 2, 1), (16, 1, 1), (4, 2, 1), (2, 4, 1), (4, 1, 2), (8, 1, 2),
-              (4, 2, 2), (4, 1, 3), (8, 1, 3), (4, 2, 3), (2, 2, 3), (2, 1, 3)]
+              (4, 2, 2), (4, 1, 3), (8, 1, 3), (4, 2, 3), (2, 2, 3), (2, 1, 3), (6, 1, 1), (6, 2, 1)]
 # (measured and dropped, benchmarks/results/h200/ANALYSIS.md session 10: a shared-memory weight ring, 5-30 % slower;
 # the two-tile kernel held to 64 registers, 30-100 % slower through rematerialisation; session 12: a cp.async ring
 # for every load, 2-25 % slower)
