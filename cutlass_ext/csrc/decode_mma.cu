@@ -287,6 +287,15 @@ __device__ __forceinline__ void fold(float (&acc)[NT][4], const float (&part)[NT
   }
 }
 
+// Two token tiles of 4-bit dense codes: x in ping-pong by half chunks, the kernel bounded to 64 registers (two
+// CTAs per SM).  M = 16 ran 3-9 % faster than whole chunks unbounded (session 13); unbounded, half chunks alone
+// ran 3-24 % slower.  8-bit codes keep whole chunks unbounded (bounded they spill: 2-5 % slower); the grouped
+// kernel is untimed with it.
+template <int KIND, int NT, bool GROUPED>
+__host__ __device__ constexpr bool half_chunk_x() {
+  return NT > 1 && !GROUPED && (KIND == 4 || KIND >= 40);
+}
+
 // KIND: 4 int4, 8 int8 (codes as unsigned offsets, fp32 group scales), 18 e4m3 (fp16 only), 40 e2m1 + e8m0,
 // 41 e2m1 + e4m3 (bf16 only).  XG: activation codes with a scale per token and weight scale group (act_scales).
 template <typename T, int KIND, int NT, bool ZERO, int U, bool GROUPED, bool XG = false>
@@ -384,7 +393,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
       // with its x masked.  Group ends: GE = 0 none (channel scales), 2 only after every second chunk (an even
       // number of chunks per group: the range starts on a group boundary), 1 after every chunk.
       constexpr int D = U + 1;
-      constexpr bool XH = NT > 1;
+      constexpr bool XH = half_chunk_x<KIND, NT, GROUPED>();
       const int cfull = min(c1, full_chunks);
       // running pointers, advanced D chunks per iteration: the loads address them with constant offsets
       const uint4* wq = wp + (size_t)c0 * LOADS * 32;
@@ -423,11 +432,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 #pragma unroll
         for (int j = 0; j < NT; ++j)
           if (xok[j]) {
-#if HT_TWO_TILE_CAP
-            xv[j] = __ldg(reinterpret_cast<const uint4*>(xq[0] + j * 8 * p.ldx + d * 64) + h);
-#else
-            xv[j] = __ldg(reinterpret_cast<const uint4*>(xq[j] + d * 64) + h);
-#endif
+            xv[j] = __ldg(reinterpret_cast<const uint4*>(xq[0] + j * 8 * p.ldx + d * 64) + h);  // one pointer live
           }
       };
       auto advance = [&]() {
@@ -590,12 +595,11 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 // in the dense kernel took it from 64 to the 128 cap (measured: M = 1 rows 17-36 % slower on the H200).
 // One token tile is bounded to 64 registers (two 512-thread CTAs per SM): without the bound the ping-pong loop took
 // int8 to 71 and the grouped kernel to 104, and those M = 8 / 128 MoE rows ran 4-18 % slower (session 11).  Two
-// tiles stay unbounded: capped at 64 they rematerialise (+33 % loop instructions, 30-100 % slower, session 10).
-#ifndef HT_TWO_TILE_CAP
-#define HT_TWO_TILE_CAP 0
-#endif
+// tiles are bounded only with half-chunk x (half_chunk_x): with whole chunks in flight, capped at 64 they
+// rematerialise (+33 % loop instructions, 30-100 % slower, session 10).
 template <typename T, int KIND, int NT, bool ZERO, int U, bool XG>
-__global__ void __launch_bounds__(512, NT == 1 || HT_TWO_TILE_CAP ? 2 : 1) decode_mma_kernel(const Params p) {
+__global__ void __launch_bounds__(512, NT == 1 || half_chunk_x<KIND, NT, false>() ? 2 : 1)
+    decode_mma_kernel(const Params p) {
   const View v{p.w, p.row_scales, p.act_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M,
                p.out_scale};
   decode_tile<T, KIND, NT, ZERO, U, false, XG>(p, v);

@@ -16,15 +16,16 @@ MAX_M = 16
 # (warps splitting K, 16-row tiles per CTA, chunks of weight in flight per warp).  U = 1 / 3: D = U + 1 register
 # sets in a loop unrolled by D (no copies), x one chunk ahead; U = 2 / 4 / 8: the register ring refilled after use
 # (never a dense winner; the grouped kernel's U = 2 is).  One chunk ahead measured fastest on the H200 at M <= 8;
-# with two token tiles (M > 8) three chunks ahead won most keys by 1-6 % (session 12; what holds M = 16 back is
-# its 96-104 registers, which put the M = 8 winners' layout in two waves).  Two tiles: at most four in flight.
+# with two token tiles (M > 8) three chunks ahead won most keys by 1-6 % (session 12, whole-chunk x, 96-104
+# registers).  Since session 13 4-bit two-tile kernels load x by half chunks within 64 registers (decode_mma.cu,
+# half_chunk_x): one chunk ahead won every 4-bit M = 16 key, 3-9 % faster.  Two tiles: at most four in flight.
 _ONE_TILE = [(8, 1, 1), (16, 1, 1), (4, 1, 1), (4, 2, 1), (8, 2, 1), (8, 1, 2), (16, 1, 2), (8, 1, 4), (4, 1, 4),
              (4, 2, 4), (2, 4, 4), (4, 4, 1), (8, 1, 3), (4, 1, 3), (16, 1, 3)]
 _TWO_TILES = [(4, 4, 1), (8, 1, 1), (4, 1, 1), (8, 2, 1), (16, 1, 1), (4, 2, 1), (2, 4, 1), (4, 1, 2), (8, 1, 2),
-              (4, 2, 2), (4, 1, 3), (8, 1, 3), (4, 2, 3), (2, 2, 3), (2, 1, 3), (6, 1, 1), (6, 2, 1)]
+              (4, 2, 2), (4, 1, 3), (8, 1, 3), (4, 2, 3), (2, 2, 3), (2, 1, 3)]
 # (measured and dropped, benchmarks/results/h200/ANALYSIS.md session 10: a shared-memory weight ring, 5-30 % slower;
-# the two-tile kernel held to 64 registers, 30-100 % slower through rematerialisation; session 12: a cp.async ring
-# for every load, 2-25 % slower)
+# the two-tile kernel with whole-chunk x held to 64 registers, 30-100 % slower through rematerialisation;
+# session 12: a cp.async ring for every load, 2-25 % slower)
 
 
 def decode_grid(family: str, m: int) -> list[KernelConfig]:
