@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One H200 device call's worth of checks (a call may run 600 s), every result under $OUT (at most 8 files come back).
 # Usage on the device:  HT_GIT_COMMIT=<sha> STEPS="models demo e2e" bash scripts/gpu_session.sh
+# (<sha> written out here: the device copy's own git HEAD is not this checkout's, so $(git rev-parse) there is wrong)
 # Steps (run in the order given; each has its own time limit so one hang cannot eat the call):
 # (gpu_testlog.txt: one line per test as it finishes)
 #   models  GPU tests of the grouped/fused-MoE kernels, the quantized-activation kernels and whole tiny models

@@ -289,8 +289,8 @@ __device__ __forceinline__ void fold(float (&acc)[NT][4], const float (&part)[NT
 
 // Two token tiles of 4-bit dense codes: x in ping-pong by half chunks, the kernel bounded to 64 registers (two
 // CTAs per SM).  M = 16 ran 3-9 % faster than whole chunks unbounded (session 13); unbounded, half chunks alone
-// ran 3-24 % slower.  8-bit codes keep whole chunks unbounded (bounded they spill: 2-5 % slower); the grouped
-// kernel is untimed with it.
+// ran 3-24 % slower.  8-bit codes keep whole chunks unbounded (bounded they spill: 2-5 % slower); so does the
+// grouped kernel (bounded it spills 144-360 bytes: MoE 256-token rows 1.6x slower, session 14).
 template <int KIND, int NT, bool GROUPED>
 __host__ __device__ constexpr bool half_chunk_x() {
   return NT > 1 && !GROUPED && (KIND == 4 || KIND >= 40);
