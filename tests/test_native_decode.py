@@ -389,7 +389,8 @@ def test_dense_decode_kernel_registers(tmp_path):
 # (after every chunk).  One token tile, U = 1: the M = 1 winners; session 11's ping-pong registers (the loop
 # unrolled by two, no copies) and a loop per group-end shape took int4 108 -> 65 / 78 / 89; session 12's loop
 # unrolled by U + 1 (one body for U = 1 and 3) 62 / 77 / 92.  Two token tiles (M = 16), U = 1 and 3: x by half
-# chunks within 64 registers (session 13) costs instructions (U = 1: 71 / 89 / 105 unbounded) and wins on occupancy.
+# chunks within 64 registers (session 13) costs instructions (U = 1 with whole chunks unbounded: 71 / 89 / 105) and
+# wins on occupancy.
 DENSE_LOOP_BUDGET = {"__nv_bfloat16, 4, 1, false, 1, false": (62, 77, 92),
                      "__nv_bfloat16, 8, 1, false, 1, false": (100, 116, 129),
                      "__nv_bfloat16, 40, 1, false, 1, false": (105, 121, 135),
