@@ -28,6 +28,8 @@
 #   families compute-sanitizer memcheck over every registered path (scripts/sanitize_probe.py), racecheck over the
 #           split-K and grouped ones                                   -> sanitize_families.txt, racecheck_families.txt
 #   tp      2+ GPUs: scripts/tp_check.py (TP MLP pair + EP grouped GEMM vs one GPU, timed)      -> tp.json
+#   blockwise which block-scaled fp8 recipes F.scaled_mm takes here, and their speed  -> blockwise_probe.txt/json
+#   files   the GPU tests of the files in $GPU_TEST_FILES                                -> gpu_tests.txt
 #   new     GPU tests of this session's new paths (swap-AB family, torch-composed families, dispatch)
 #   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
 #   overhead host-side µs per call of each path (eager, op, compiled) + profiles  -> overhead.txt
@@ -143,6 +145,9 @@ for step in $STEPS; do
       stamp tp
       NCCL_NVLS_ENABLE=0 timeout -k 5 ${TP_S:-200} torchrun --nproc-per-node ${TP_GPUS:-2} scripts/tp_check.py \
         --out "$OUT" > "$OUT/tp.txt" 2>&1 ;;
+    blockwise) stamp blockwise; limited ${BLOCKWISE_S:-120} python3 scripts/blockwise_probe.py "$OUT/blockwise_probe.json" \
+               > "$OUT/blockwise_probe.txt" 2>&1 ;;
+    files)   gpu_tests ${FILES_S:-150} files $GPU_TEST_FILES ;;
     new)     gpu_tests ${NEW_S:-150} new tests/test_dispatch.py tests/test_dense_kernels.py tests/test_grouped_kernels.py \
                -k "swapab or dispatch or torch_composed or split" ;;
     dense)   gpu_tests ${DENSE_S:-200} dense tests/test_dense_kernels.py -k every_format_family ;;

@@ -70,7 +70,7 @@ def block_scale(a, gs, QMAX: tl.constexpr, SCALE_KIND: tl.constexpr):
 
 
 @triton.jit
-def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_cm, stride_sm,
+def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_cm, stride_sm, stride_sg,
                      KIND: tl.constexpr, SCALE_KIND: tl.constexpr, GROUP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                      SCALE_VALUES: tl.constexpr, CODE_VALUES: tl.constexpr = False):
     """Program (row, group): GROUP_K columns of one row (the whole row for per-token, walked BLOCK_K at a time).
@@ -101,16 +101,16 @@ def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_
             gs = tl.load(gs_ptr).to(tl.float64)
         code, eff = block_scale(a, gs, 6.0 if KIND == 3 else 448.0, SCALE_KIND)
         if SCALE_VALUES:
-            tl.store(scales_ptr + row * stride_sm + g, tl.where(bad, float("nan"), eff.to(tl.float32)))
+            tl.store(scales_ptr + row * stride_sm + g * stride_sg, tl.where(bad, float("nan"), eff.to(tl.float32)))
         else:
             code = tl.where(bad, 255 if SCALE_KIND == 1 else 127, code)
-            tl.store(scales_ptr + row * stride_sm + g, code.to(tl.uint8))
+            tl.store(scales_ptr + row * stride_sm + g * stride_sg, code.to(tl.uint8))
     else:
         QMAX: tl.constexpr = 448.0 if KIND == 1 else 127.0
         # IEEE division (div_rn): "/" on fp32 compiles to an approximate division on the GPU; the reference
         # rounds amax / qmax to fp32 exactly
         s = tl.where(a > 0, tl.div_rn(a, QMAX), 1.0)
-        tl.store(scales_ptr + row * stride_sm + g, tl.where(bad, float("nan"), s))
+        tl.store(scales_ptr + row * stride_sm + g * stride_sg, tl.where(bad, float("nan"), s))
         eff = s.to(tl.float64)
     for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)

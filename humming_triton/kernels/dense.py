@@ -88,30 +88,35 @@ def check_act_group(spec: ActQuant, k: int) -> None:
 
 
 def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: torch.Tensor | None = None,
-                               scale_values: bool = False) -> QuantActivation:
+                               scale_values: bool = False, codes: torch.Tensor | None = None,
+                               scales: torch.Tensor | None = None) -> QuantActivation:
     """``x [M, K]`` -> its ``QuantActivation`` (codes uint8 [M, K]: e4m3 / two's-complement int8 / e2m1;
     scales [M, groups]: fp32, or e8m0 / e4m3 codes), as ``formats.activation.quantize_activation`` makes it.
     NV's global scale is amax(x) / (6 * 448) per call, or the calibrated ``input_scale`` when the spec is static.
     ``scale_values``: e8m0 scales come back as their exact fp32 values (for the tile loops that multiply fp32
-    scales into partial products), not as codes."""
+    scales into partial products), not as codes.  ``codes`` / ``scales``: buffers to write instead (at least M
+    rows; the scales in any strides -- a GEMM may want them column-major)."""
     m, k = x2.shape
     g = spec.group_k or k
     check_act_group(spec, k)
-    codes = torch.empty(m, k, dtype=torch.uint8, device=x2.device)
+    if codes is None:
+        codes = torch.empty(m, k, dtype=torch.uint8, device=x2.device)
     wide = str(spec.scale_dtype) == "fp32"
     scale_values = scale_values and str(spec.scale_dtype) == "e8m0"
-    scales = torch.empty(m, -(-k // g), dtype=torch.float32 if wide or scale_values else torch.uint8,
-                         device=x2.device)
+    if scales is None:
+        scales = torch.empty(m, -(-k // g), dtype=torch.float32 if wide or scale_values else torch.uint8,
+                             device=x2.device)
     # NV's per-tensor scale: the reference's formula, over the finite values (a NaN / inf row must not spoil the
     # other rows' scales; the quantizer gives that row a NaN scale)
     gscale = triton_global_scale(x2, spec) if spec.global_scale and input_scale is None else \
         global_act_scale(x2, spec, input_scale)
     if m:
         block = min(1024, triton.next_power_of_2(g))
-        act_quant_kernel[(m, scales.shape[1])](
+        act_quant_kernel[(m, -(-k // g))](
             x2, codes, scales, gscale if gscale is not None else scales, k, x2.stride(0), codes.stride(0),
-            scales.stride(0), KIND=ACT_KINDS[str(spec.dtype)], SCALE_KIND=ACT_SCALE_KINDS[str(spec.scale_dtype)],
-            GROUP_K=g, BLOCK_K=block, SCALE_VALUES=scale_values, CODE_VALUES=False)
+            scales.stride(0), scales.stride(1), KIND=ACT_KINDS[str(spec.dtype)],
+            SCALE_KIND=ACT_SCALE_KINDS[str(spec.scale_dtype)], GROUP_K=g, BLOCK_K=block, SCALE_VALUES=scale_values,
+            CODE_VALUES=False)
     return QuantActivation(codes, scales, spec, gscale)
 
 
@@ -133,6 +138,7 @@ def quantize_activation_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dt
     scales = torch.empty(m, k // g, dtype=torch.float32, device=x2.device)
     if m:
         act_quant_kernel[(m, k // g)](x2, values, scales, scales, k, x2.stride(0), values.stride(0), scales.stride(0),
+                                      scales.stride(1),
                                       KIND=ACT_KINDS[str(spec.dtype)], SCALE_KIND=0, GROUP_K=g,
                                       BLOCK_K=min(1024, triton.next_power_of_2(g)), SCALE_VALUES=False,
                                       CODE_VALUES=True)
