@@ -20,6 +20,37 @@ def _time(fn, reps=20):
     return start.elapsed_time(end) * 1e3 / reps
 
 
+def _scale_b(rhs, n, k):
+    """128x128: [K/128, N/128], the transpose of row-major [N/128, K/128]; 1x128: [N, K/128] column-major."""
+    if rhs == "128x128":
+        return torch.rand(n // 128, k // 128, device="cuda").t()
+    return torch.rand(k // 128, n, device="cuda").t()
+
+
+def _time_parts(out):
+    """The steps of the activation-quantized paths at 8192^2, alone: our quantizer (per token, per 128), the
+    int8 GEMM and its scale epilogue."""
+    import humming_triton as ht
+    from humming_triton.kernels.dense import triton_quantize_activation
+    from humming_triton.kernels._scale_epilogue import scale_rows_cols_kernel
+    for m in (256, 4096):
+        x = torch.randn(m, 8192, device="cuda", dtype=torch.bfloat16)
+        for act in ("e4m3fn/fp32:token", "e4m3fn/fp32:g128", "int8/fp32:token"):
+            spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
+            us = _time(lambda: triton_quantize_activation(x, spec))
+            out["rows"].append({"part": f"quantize {act}", "m": m, "us": round(us, 1)})
+        a = torch.randint(-127, 127, (m, 8192), device="cuda", dtype=torch.int8)
+        w = torch.randint(-127, 127, (8192, 8192), device="cuda", dtype=torch.int8)
+        out["rows"].append({"part": "torch._int_mm", "m": m, "us": round(_time(lambda: torch._int_mm(a, w.t())), 1)})
+        acc = torch._int_mm(a, w.t())
+        xs, ws = torch.rand(m, device="cuda"), torch.rand(8192, device="cuda")
+        y = torch.empty(m, 8192, device="cuda", dtype=torch.bfloat16)
+        us = _time(lambda: scale_rows_cols_kernel[(m // 32, 64)](acc, xs, ws, ws, y, m, 8192, 8192, 8192,
+                                                                 HAS_BIAS=False, BLOCK_M=32, BLOCK_N=128))
+        out["rows"].append({"part": "int8 scale epilogue", "m": m, "us": round(us, 1)})
+        print(out["rows"][-5:], flush=True)
+
+
 def main() -> int:
     out = {"torch": torch.__version__, "cuda": torch.version.cuda, "rows": []}
     st = F.ScalingType
@@ -28,8 +59,7 @@ def main() -> int:
         a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
         w = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
         sa = torch.rand(k // 128, m, device="cuda").t()
-        sb = (torch.rand(n // 128, k // 128, device="cuda") if rhs == "128x128" else
-              torch.rand(k // 128, n, device="cuda").contiguous().t()).t()
+        sb = _scale_b(rhs, n, k)
         b = torch.randn(n, device="cuda").to(dtype) if bias else None
         row = {"m": m, "rhs": rhs, "out": str(dtype), "bias": bias}
         try:
@@ -53,8 +83,7 @@ def main() -> int:
         a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
         w = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
         sa = torch.rand(k // 128, m, device="cuda").t()
-        sb = (torch.rand(n // 128, k // 128, device="cuda") if rhs == "128x128" else
-              torch.rand(k // 128, n, device="cuda").contiguous().t()).t()
+        sb = _scale_b(rhs, n, k)
         rec = st.BlockWise128x128 if rhs == "128x128" else st.BlockWise1x128
         try:
             us = _time(lambda: F.scaled_mm(a, w.t(), sa, st.BlockWise1x128, sb, rec, output_dtype=torch.bfloat16))
@@ -65,6 +94,7 @@ def main() -> int:
             row = {"time_m": m, "rhs": rhs, "error": str(e).splitlines()[0][:200]}
         out["rows"].append(row)
         print(row, flush=True)
+    _time_parts(out)
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
             json.dump(out, f, indent=1)

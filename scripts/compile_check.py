@@ -28,6 +28,7 @@ import argparse
 import collections
 import importlib
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -109,14 +110,18 @@ def dump(path: str) -> int:
         ptrs = {k: v for k, v in ins._pointer_types(s, "bf16", 1).items() if k in ("w_ptr", "s_ptr", "z_ptr", "g_ptr")}
         record(dequant_kernel, dict(BLOCK_N=32, BLOCK_K=bk, EVEN_K=True, **fmt), {**ptrs, "out_ptr": "*bf16"},
                {"N": 4096, "K": 4096}, 4, 3, 90)
-    from humming_triton.kernels._act_quant import act_quant_kernel
-    for kind, scale_kind, values in ((1, 0, False), (2, 0, False), (1, 1, False), (3, 1, False), (3, 2, False),
-                                     (1, 0, True), (2, 0, True)):  # values: code values in fp16 (mma_decode_act)
-        consts = dict(KIND=kind, SCALE_KIND=scale_kind, GROUP_K=128, BLOCK_K=128, SCALE_VALUES=False,
-                      CODE_VALUES=values)
-        record(act_quant_kernel, consts, {"x_ptr": "*bf16", "codes_ptr": "*fp16" if values else "*u8",
-                                          "gs_ptr": "*fp32", "scales_ptr": "*fp32" if scale_kind == 0 else "*u8"},
-                                          {}, 4, 3, 90)
+    from humming_triton.kernels._act_quant import act_quant_f32_kernel, act_quant_kernel
+    for kind, scale_kind in ((1, 1), (3, 1), (3, 2)):  # block-scaled activations (MXFP8, MXFP4, NVFP4)
+        consts = dict(KIND=kind, SCALE_KIND=scale_kind, GROUP_K=32 if scale_kind == 1 else 16, BLOCK_K=32,
+                      SCALE_VALUES=False)
+        record(act_quant_kernel, consts, {"x_ptr": "*bf16", "codes_ptr": "*u8", "gs_ptr": "*fp32",
+                                          "scales_ptr": "*u8"}, {}, 4, 3, 90)
+    for int8, values, (group, groups, block, warps) in itertools.product(
+            (False, True), (False, True), ((128, 8, 128, 4), (4096, 1, 4096, 4), (8192, 1, 8192, 8),
+                                           (32768, 1, 4096, 4))):  # fp32 scales; values: fp16 code values
+        consts = dict(INT8=int8, GROUP_K=group, GROUPS=groups, BLOCK_K=block, CODE_VALUES=values)
+        record(act_quant_f32_kernel, consts, {"x_ptr": "*bf16", "codes_ptr": "*fp16" if values else "*u8",
+                                              "scales_ptr": "*fp32"}, {}, warps, 3, 90)
     with open(path, "w") as f:
         json.dump(jobs, f)
     print(f"{len(jobs)} compile jobs -> {path}")
@@ -158,7 +163,8 @@ def job_mma(job: dict) -> str:
         return cap.kernel_mma_kind(_ACT_KIND_DTYPE[c["ACT_KIND"]])
     if job["kernel"] in BLOCK_SCALED:  # tl.dot_scaled: native only where the MMA applies the block scales
         return "block_scaled"
-    if job["kernel"] == "act_quant_kernel" and c["KIND"] == 1:
+    if (job["kernel"] == "act_quant_kernel" and c["KIND"] == 1) or \
+            (job["kernel"] == "act_quant_f32_kernel" and not c["INT8"] and not c["CODE_VALUES"]):
         # the e4m3 quantizer converts through Triton's fp8e4nv (sm_89+) and serves only fp8-MMA schemes
         return "fp8"
     return "fma"  # GEMVs, dequantize, int8 / e2m1 quantizers: CUDA cores only

@@ -66,28 +66,36 @@ _ACT_QUANT_SCRIPT = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from humming_triton.kernels._act_quant import act_quant_kernel
-names = act_quant_kernel.arg_names
-for kind, scale_kind in ((1, 0), (2, 0), (1, 1), (3, 1), (3, 2)):
+from humming_triton.kernels._act_quant import act_quant_f32_kernel, act_quant_kernel
+
+def ptx(fn, consts, ptrs, warps=4):
+    names = fn.arg_names
+    sig = {a: ("constexpr" if a in consts else ptrs.get(a, "i32")) for a in names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(a),): v for a, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
+
+approx = lambda p: "div.full.f32" in p or "div.approx.f32" in p
+for kind, scale_kind in ((1, 1), (3, 1), (3, 2)):
     for xt in ("*fp16", "*bf16", "*fp32"):
-        consts = dict(KIND=kind, SCALE_KIND=scale_kind, GROUP_K=128, BLOCK_K=128, SCALE_VALUES=False,
-                      CODE_VALUES=False)
-        ptrs = {"x_ptr": xt, "codes_ptr": "*u8", "scales_ptr": "*fp32" if scale_kind == 0 else "*u8",
-                "gs_ptr": "*fp32"}
-        sig = {a: ("constexpr" if a in consts else ptrs.get(a, "i32")) for a in names}
-        src = ASTSource(fn=act_quant_kernel, signature=sig,
-                        constexprs={(names.index(a),): v for a, v in consts.items()})
-        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
-        print(kind, xt, "div.rn.f64" in ptx, "div.full.f32" in ptx or "div.approx.f32" in ptx)
+        p = ptx(act_quant_kernel, dict(KIND=kind, SCALE_KIND=scale_kind, GROUP_K=32, BLOCK_K=32, SCALE_VALUES=False),
+                {"x_ptr": xt, "codes_ptr": "*u8", "scales_ptr": "*u8", "gs_ptr": "*fp32"})
+        print("f64", kind, xt, "div.rn.f64" in p, approx(p))
+for int8 in (False, True):
+    for xt in ("*fp16", "*bf16", "*fp32"):
+        for group, groups, block in ((128, 8, 128), (32768, 1, 4096)):
+            p = ptx(act_quant_f32_kernel, dict(INT8=int8, GROUP_K=group, GROUPS=groups, BLOCK_K=block,
+                                               CODE_VALUES=False), {"x_ptr": xt, "codes_ptr": "*u8", "scales_ptr": "*fp32"})
+            print("f32", int8, xt, "div.rn.f32" in p, approx(p))
 """
 
 
 def test_activation_quantizer_divides_exactly_on_hopper():
-    """The quantizer must round the quotient the reference's way: IEEE float64 division, no approximate fp32 one
-    (the approximate division is what Triton emits for a plain fp32 '/' on the GPU)."""
+    """The quantizers must round the quotient the reference's way: IEEE division (float64 for the block-scaled
+    formats; fp32 with an exact float64 residual for fp32 scales), never the approximate fp32 one Triton emits
+    for a plain fp32 '/' on the GPU."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", _ACT_QUANT_SCRIPT], capture_output=True, text=True, env=env,
                          timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
-    assert len(lines) == 15 and all(line.endswith("True False") for line in lines), lines
+    assert len(lines) == 21 and all(line.endswith("True False") for line in lines), lines

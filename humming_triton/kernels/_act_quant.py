@@ -4,7 +4,8 @@ GEMM paths: e4m3 or int8 codes with fp32 scales, e4m3 codes with e8m0 block scal
 
 Matches ``formats.activation.quantize_activation`` code for code: ``s = amax / qmax`` rounded to fp32 (1 for an
 all-zero group; qmax 448 for e4m3, 127 for int8), ``code = round-to-nearest-even(x / s)`` with the quotient in
-float64 as the reference has it, saturating.  e2m1 (qmax 6): the ideal scale amax / 6 (/ global) in float64,
+float64 as the reference has it, saturating (fp32 scales: the same rounding done in fp32, exactly, by rounding
+the quotient to odd -- ``act_quant_f32_kernel``).  e2m1 (qmax 6): the ideal scale amax / 6 (/ global) in float64,
 rounded up to a power of two (e8m0: the exact ceil(log2), read off the float64 bits) or to the nearest e4m3
 (at least its smallest subnormal); the quotient divides by that scale times the global.  e4m3 rounding is done on the float64 bits (3 mantissa bits kept; a
 2**-9 quantum below 2**-6) so that the final conversion to fp8 is exact everywhere -- the Triton interpreter's own
@@ -72,18 +73,16 @@ def block_scale(a, gs, QMAX: tl.constexpr, SCALE_KIND: tl.constexpr):
 @triton.jit
 def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_cm, stride_sm, stride_sg,
                      KIND: tl.constexpr, SCALE_KIND: tl.constexpr, GROUP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SCALE_VALUES: tl.constexpr, CODE_VALUES: tl.constexpr = False):
-    """Program (row, group): GROUP_K columns of one row (the whole row for per-token, walked BLOCK_K at a time).
-    KIND 1 e4m3 / 2 int8 / 3 e2m1; SCALE_KIND 0 fp32, 1 e8m0 (e2m1 or e4m3 codes), 2 e4m3 times the global at
-    gs_ptr (e2m1 codes).  SCALE_VALUES: store an e8m0 scale's value as fp32 instead of its code (for tile loops
-    that multiply fp32 scales into partial products; the value is exact).  CODE_VALUES (e4m3 / int8): store each
-    code's value in the 16-bit float type of ``codes_ptr`` instead of its byte -- exact (e4m3 and int8 are subsets
-    of fp16 and of bf16), for the 16-bit MMA kernels that run on the codes (``cutlass_ext.decode_mma``)."""
+                     SCALE_VALUES: tl.constexpr):
+    """Block-scaled activations (fp32 scales: ``act_quant_f32_kernel``).  Program (row, group): GROUP_K columns
+    of one row, walked BLOCK_K at a time.  KIND 1 e4m3 / 3 e2m1; SCALE_KIND 1 e8m0 (e2m1 or e4m3 codes), 2 e4m3
+    times the global at gs_ptr (e2m1 codes).  SCALE_VALUES: store an e8m0 scale's value as fp32 instead of its
+    code (for tile loops that multiply fp32 scales into partial products; the value is exact)."""
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     k_begin = g * GROUP_K
     # non-finite inputs, as the reference (formats/activation.py): the amax is over the finite values, and a group
-    # holding a NaN or an Inf gets a NaN scale (fp32 NaN, e8m0 0xFF, e4m3 0x7F) and zero codes
+    # holding a NaN or an Inf gets a NaN scale (e8m0 0xFF, e4m3 0x7F) and zero codes -- its GEMM row is NaN
     amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
     nonfinite = tl.zeros((BLOCK_K,), dtype=tl.int32)
     for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
@@ -95,23 +94,15 @@ def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_
         nonfinite = tl.maximum(nonfinite, tl.where(finite, 0, 1))
     a = tl.max(amax, axis=0)
     bad = tl.max(nonfinite, axis=0) > 0
-    if SCALE_KIND != 0:
-        gs = 1.0
-        if SCALE_KIND == 2:
-            gs = tl.load(gs_ptr).to(tl.float64)
-        code, eff = block_scale(a, gs, 6.0 if KIND == 3 else 448.0, SCALE_KIND)
-        if SCALE_VALUES:
-            tl.store(scales_ptr + row * stride_sm + g * stride_sg, tl.where(bad, float("nan"), eff.to(tl.float32)))
-        else:
-            code = tl.where(bad, 255 if SCALE_KIND == 1 else 127, code)
-            tl.store(scales_ptr + row * stride_sm + g * stride_sg, code.to(tl.uint8))
+    gs = 1.0
+    if SCALE_KIND == 2:
+        gs = tl.load(gs_ptr).to(tl.float64)
+    code, eff = block_scale(a, gs, 6.0 if KIND == 3 else 448.0, SCALE_KIND)
+    if SCALE_VALUES:
+        tl.store(scales_ptr + row * stride_sm + g * stride_sg, tl.where(bad, float("nan"), eff.to(tl.float32)))
     else:
-        QMAX: tl.constexpr = 448.0 if KIND == 1 else 127.0
-        # IEEE division (div_rn): "/" on fp32 compiles to an approximate division on the GPU; the reference
-        # rounds amax / qmax to fp32 exactly
-        s = tl.where(a > 0, tl.div_rn(a, QMAX), 1.0)
-        tl.store(scales_ptr + row * stride_sm + g * stride_sg, tl.where(bad, float("nan"), s))
-        eff = s.to(tl.float64)
+        code = tl.where(bad, 255 if SCALE_KIND == 1 else 127, code)
+        tl.store(scales_ptr + row * stride_sm + g * stride_sg, code.to(tl.uint8))
     for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float64)
@@ -119,19 +110,108 @@ def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_
         q = x / eff  # float64 division is IEEE on the GPU, as in the reference
         if KIND == 3:
             c = round_to_e2m1(q).to(tl.uint8)
-        elif KIND == 1:
+        else:
             v = round_to_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0)).to(tl.float32)
-            if CODE_VALUES:
-                c = v.to(codes_ptr.dtype.element_ty)
-            else:
-                c = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        else:  # int8: 1.5 * 2**52 rounds to an integer, ties to even; saturate to [-128, 127]
-            r = tl.minimum(tl.maximum((q + 6755399441055744.0) - 6755399441055744.0, -128.0), 127.0)
-            if CODE_VALUES:
-                c = r.to(tl.float32).to(codes_ptr.dtype.element_ty)
-            else:
-                c = r.to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True)
+            c = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         tl.store(codes_ptr + row * stride_cm + offs, c, mask=offs < K)
+
+
+@triton.jit
+def _quotient_round_to_odd(x, s):
+    """|x / s| in fp32 rounded to odd -- truncated, with the last bit set when inexact -- and the sign.  Rounding
+    it to e4m3 or to an integer gives the exact quotient's rounding (round-to-odd with 24 bits against at most
+    3 + 2 kept: no double-rounding error), i.e. the reference's float64 quotient rounded.  Inexactness and the
+    direction come from q * s, exact in float64 (24 x 24 bits), against x."""
+    q = tl.div_rn(x, s)
+    p = q.to(tl.float64) * s.to(tl.float64)
+    xd = x.to(tl.float64)
+    inexact = p != xd
+    b = tl.abs(q).to(tl.int32, bitcast=True)
+    over = inexact & (b > 0) & ((xd > 0) == (p > xd))  # |q| above |x / s|: truncate one ulp down
+    b = (b - over.to(tl.int32)) | inexact.to(tl.int32)
+    return b.to(tl.float32, bitcast=True), x < 0
+
+
+@triton.jit
+def _fp32_codes(x, s, INT8: tl.constexpr):
+    """x / s (fp32 x, fp32 scales > 0) -> e4m3 (or int8) code *values* as fp32: the reference's round-to-nearest-
+    even of the quotient, saturating at 448 (int8: [-128, 127])."""
+    a, neg = _quotient_round_to_odd(x, s)
+    big = 12582912.0  # 1.5 * 2**23: adding and subtracting it rounds a value below 2**22 to an integer, ties to even
+    if INT8:
+        r = (tl.minimum(a, 129.0) + big) - big
+        v = tl.where(neg, -r, r)
+        return tl.minimum(tl.maximum(v, -128.0), 127.0)
+    a = tl.minimum(a, 448.0)
+    bits = a.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0x7FF00000).to(tl.float32, bitcast=True)  # 3 mantissa bits
+    sub = ((a * 512.0 + big) - big) * (1.0 / 512.0)  # below 2**-6 the grid is uniform with step 2**-9
+    r = tl.where(a < 0.015625, sub, normal)
+    return tl.where(neg, -r, r)
+
+
+@triton.jit
+def _stored(v, codes_ptr, INT8: tl.constexpr, CODE_VALUES: tl.constexpr):
+    """Code values (fp32) as stored: the value in the 16-bit type of ``codes_ptr`` (CODE_VALUES), else the byte."""
+    if CODE_VALUES:
+        return v.to(codes_ptr.dtype.element_ty)
+    if INT8:
+        return v.to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True)
+    return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+
+
+@triton.jit
+def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, stride_sm, stride_sg,
+                         INT8: tl.constexpr, GROUP_K: tl.constexpr, GROUPS: tl.constexpr, BLOCK_K: tl.constexpr,
+                         CODE_VALUES: tl.constexpr):
+    """e4m3 (or INT8) codes with fp32 scales ``s = amax / qmax`` (qmax 448 / 127; 1 for an all-zero group), per
+    token or per group of K.  Program (row, p): groups p * GROUPS .. p * GROUPS + GROUPS - 1 of one row.
+
+    BLOCK_K >= GROUP_K: one pass, the groups held in registers as a [GROUPS, BLOCK_K] tile; else (one long group
+    per program) two passes over BLOCK_K-wide chunks.  fp32 math throughout (``_quotient_round_to_odd``): the
+    float64 division and rounding of ``act_quant_kernel`` cost 2-4x the instructions and made the quantizer
+    ~120-230 µs of a 4096 x 8192 call.  CODE_VALUES: store each code's value in the 16-bit float type of
+    ``codes_ptr`` (exact: e4m3 and int8 are subsets of fp16 and of bf16) for the MMA kernels on code values."""
+    QMAX: tl.constexpr = 127.0 if INT8 else 448.0
+    row = tl.program_id(0).to(tl.int64)
+    groups = tl.cdiv(K, GROUP_K)
+    g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    if BLOCK_K >= GROUP_K:
+        col = tl.arange(0, BLOCK_K)
+        offs = g[:, None] * GROUP_K + col[None, :]
+        mask = (col[None, :] < GROUP_K) & (offs < K) & (g[:, None] < groups)
+        x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
+        ax = tl.abs(x)
+        finite = ax < float("inf")  # false for +-inf and NaN
+        a = tl.max(tl.where(finite, ax, 0.0), axis=1)
+        bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
+        # IEEE division (div_rn): "/" on fp32 compiles to an approximate division on the GPU; the reference
+        # rounds amax / qmax to fp32 exactly
+        s = tl.where(a > 0, tl.div_rn(a, QMAX), 1.0)
+        tl.store(scales_ptr + row * stride_sm + g * stride_sg, tl.where(bad, float("nan"), s), mask=g < groups)
+        v = _fp32_codes(tl.where(bad[:, None], 0.0, x), s[:, None], INT8)
+        tl.store(codes_ptr + row * stride_cm + offs, _stored(v, codes_ptr, INT8, CODE_VALUES), mask=mask)
+    else:
+        gi = tl.program_id(1)
+        k_begin = gi * GROUP_K
+        amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        nonfinite = tl.zeros((BLOCK_K,), dtype=tl.int32)
+        for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
+            offs = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
+            ax = tl.abs(x)
+            finite = ax < float("inf")
+            amax = tl.maximum(amax, tl.where(finite, ax, 0.0))
+            nonfinite = tl.maximum(nonfinite, tl.where(finite, 0, 1))
+        a = tl.max(amax, axis=0)
+        bad = tl.max(nonfinite, axis=0) > 0
+        s = tl.where(a > 0, tl.div_rn(a, QMAX), 1.0)
+        tl.store(scales_ptr + row * stride_sm + gi * stride_sg, tl.where(bad, float("nan"), s))
+        for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
+            offs = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
+            v = _fp32_codes(tl.where(bad, 0.0, x), s, INT8)
+            tl.store(codes_ptr + row * stride_cm + offs, _stored(v, codes_ptr, INT8, CODE_VALUES), mask=offs < K)
 
 
 @triton.jit

@@ -20,7 +20,7 @@ from ..formats.dtypes import FloatType, WideFloat
 from ..formats.scheme import ActQuant, QuantScheme
 from ..formats.weight import QuantWeight
 from . import configs, families
-from ._act_quant import act_quant_kernel, global_scale_kernel
+from ._act_quant import act_quant_f32_kernel, act_quant_kernel, global_scale_kernel
 from ._dense_tiled import dense_tiled_kernel
 from ._dequant import dequant_kernel
 from .launch import Launch, backend_cache, launch_format, post_scale, weight_args, weight_format
@@ -110,13 +110,7 @@ def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: to
     # other rows' scales; the quantizer gives that row a NaN scale)
     gscale = triton_global_scale(x2, spec) if spec.global_scale and input_scale is None else \
         global_act_scale(x2, spec, input_scale)
-    if m:
-        block = min(1024, triton.next_power_of_2(g))
-        act_quant_kernel[(m, -(-k // g))](
-            x2, codes, scales, gscale if gscale is not None else scales, k, x2.stride(0), codes.stride(0),
-            scales.stride(0), scales.stride(1), KIND=ACT_KINDS[str(spec.dtype)],
-            SCALE_KIND=ACT_SCALE_KINDS[str(spec.scale_dtype)], GROUP_K=g, BLOCK_K=block, SCALE_VALUES=scale_values,
-            CODE_VALUES=False)
+    launch_act_quant(x2, spec, codes, scales, gscale, scale_values)
     return QuantActivation(codes, scales, spec, gscale)
 
 
@@ -136,13 +130,38 @@ def quantize_activation_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dt
     g = spec.group_k or k
     values = torch.empty(m, k, dtype=dtype, device=x2.device)
     scales = torch.empty(m, k // g, dtype=torch.float32, device=x2.device)
-    if m:
-        act_quant_kernel[(m, k // g)](x2, values, scales, scales, k, x2.stride(0), values.stride(0), scales.stride(0),
-                                      scales.stride(1),
-                                      KIND=ACT_KINDS[str(spec.dtype)], SCALE_KIND=0, GROUP_K=g,
-                                      BLOCK_K=min(1024, triton.next_power_of_2(g)), SCALE_VALUES=False,
-                                      CODE_VALUES=True)
+    launch_act_quant(x2, spec, values, scales)
     return values, scales
+
+
+ONE_PASS_ELEMENTS = 16384  # the most of one row an fp32-quantizer program holds in registers (16 warps, 32 each)
+GROUP_TILE = 1024  # elements per program for per-group scales: several groups at once (8 of 128)
+
+
+def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scales: torch.Tensor,
+                     gscale: torch.Tensor | None = None, scale_values: bool = False) -> None:
+    """Quantize x [M, K] into ``codes`` (bytes, or 16-bit code values) and ``scales`` (any strides): fp32 scales
+    (e4m3 / int8) through ``act_quant_f32_kernel``, block-scaled formats through ``act_quant_kernel``."""
+    m, k = x2.shape
+    if not m:
+        return
+    g = spec.group_k or k
+    groups = -(-k // g)
+    if str(spec.scale_dtype) == "fp32":
+        block = triton.next_power_of_2(g)
+        per_prog = 1 if block > GROUP_TILE else min(GROUP_TILE // block, triton.next_power_of_2(groups))
+        if block > ONE_PASS_ELEMENTS:
+            block = 4096  # two passes over the row
+        act_quant_f32_kernel[(m, triton.cdiv(groups, per_prog))](
+            x2, codes, scales, k, x2.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
+            INT8=str(spec.dtype) == "int8", GROUP_K=g, GROUPS=per_prog, BLOCK_K=block,
+            CODE_VALUES=codes.dtype != torch.uint8, num_warps=min(16, max(4, block * per_prog // 1024)))
+        return
+    act_quant_kernel[(m, groups)](
+        x2, codes, scales, gscale if gscale is not None else scales, k, x2.stride(0), codes.stride(0),
+        scales.stride(0), scales.stride(1), KIND=ACT_KINDS[str(spec.dtype)],
+        SCALE_KIND=ACT_SCALE_KINDS[str(spec.scale_dtype)], GROUP_K=g, BLOCK_K=min(1024, triton.next_power_of_2(g)),
+        SCALE_VALUES=scale_values)
 
 
 GLOBAL_SCALE_BLOCK = 4096

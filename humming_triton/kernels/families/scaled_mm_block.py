@@ -10,12 +10,12 @@ Why: block-scaled weights (W8A8-FP8-block, DeepSeek's 128x128) and 128-group int
   scales are the 128x128 operand as stored (no copy).
 * W4A8-FP8 (any weight whose values are all e4m3 values -- int4 is): the codes are widened to e4m3 once (exact;
   8 bits per weight, cached on the weight beside the packed int4) and the 128-group scales become the 1x128
-  operand, fp32 [K/128, N] (transposed, the layout cuBLASLt takes).
+  operand, fp32 [N, K/128] column-major (the layout cuBLASLt takes).
 * Activations: our quantizer writes the e4m3 codes and the scales straight into the column-major [M, K/128]
   layout; per-token scales are repeated over the K blocks (exact: the same scale, 1x128 at a time).
 
-cuBLASLt wants the activation scales' leading dimension (M) a multiple of 4: odd M is padded with zero rows
-(their outputs are dropped).  The output is bf16 with no bias, written by cuBLASLt; any other output type or a
+cuBLASLt wants M a multiple of 4 (measured: M = 1, 6, 17 are refused, 4 and 256 run): other M is padded with zero
+rows (their outputs are dropped).  The output is bf16 with no bias, written by cuBLASLt; any other output type or a
 bias takes cuBLASLt's fp32 result and applies the bias in fp32 (no rounding through bf16).  SM 9.0 only: PyTorch
 routes these recipes to cuBLASLt on Hopper and rejects them elsewhere."""
 from __future__ import annotations
@@ -55,8 +55,9 @@ def weight_kind(scheme) -> str | None:
 
 
 def block_weight(qw) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 [N, K], scale_b) as ``F.scaled_mm`` takes them for ``qw`` -- scale_b [K/128, N/128] (128x128) or
-    [K/128, N] (1x128), each the transpose of a row-major tensor."""
+    """(e4m3 [N, K], scale_b) as ``F.scaled_mm`` takes them for ``qw``: scale_b [K/128, N/128] for 128x128 (the
+    transpose of the stored row-major scales), [N, K/128] column-major for 1x128 (measured on the H200, torch
+    2.11: either other layout is refused)."""
     if weight_kind(qw.scheme) == "128x128":
         return qw.data.view(torch.uint8).view(torch.float8_e4m3fn), qw.scales.t()
     return qw.cached_view("torch", "block_e4m3", lambda: _widen(qw))
@@ -70,7 +71,7 @@ def _widen(qw) -> tuple[torch.Tensor, torch.Tensor]:
     for r0 in range(0, n, _ROWS):
         r1 = min(n, r0 + _ROWS)
         w[r0:r1] = s.weight.decode(unpack_codes(qw.data[r0:r1], s.bits, k)).to(torch.float8_e4m3fn)  # exact
-    return w, decode_scales(qw.scales, s).float().t().contiguous()
+    return w, decode_scales(qw.scales, s).float().t().contiguous().t()
 
 
 class ScaledMMBlock(Family):
