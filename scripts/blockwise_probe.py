@@ -27,6 +27,45 @@ def _scale_b(rhs, n, k):
     return torch.rand(k // 128, n, device="cuda").t()
 
 
+def _time_graph(fn, reps=10):
+    """µs per call of ``fn`` replayed from a CUDA graph (no host launch cost in the time)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (5 * reps)
+
+
+def _sweep_quantizer(out):
+    """The fp32 quantizer's launch shapes (dense.ONE_PASS_ELEMENTS / TWO_PASS_BLOCK / GROUP_TILE), graph-timed."""
+    import humming_triton as ht
+    from humming_triton.kernels import dense
+    from humming_triton.kernels.dense import triton_quantize_activation
+    keep = (dense.ONE_PASS_ELEMENTS, dense.TWO_PASS_BLOCK, dense.GROUP_TILE)
+    for act, m in itertools.product(("e4m3fn/fp32:token", "int8/fp32:token", "e4m3fn/fp32:g128"), (1, 16, 256, 4096)):
+        spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
+        x = torch.randn(m, 8192, device="cuda", dtype=torch.bfloat16)
+        shapes = ([(16384, 4096, 1024), (8192, 4096, 1024), (1024, 1024, 1024), (1024, 2048, 1024), (1024, 4096, 1024)]
+                  if "token" in act else [(16384, 4096, t) for t in (256, 512, 1024, 2048, 4096)])
+        for shape in shapes:
+            dense.ONE_PASS_ELEMENTS, dense.TWO_PASS_BLOCK, dense.GROUP_TILE = shape
+            us = _time_graph(lambda: triton_quantize_activation(x, spec))
+            out["rows"].append({"quantizer": act, "m": m, "one_pass/two_pass_block/group_tile": shape,
+                                "us": round(us, 2)})
+            print(out["rows"][-1], flush=True)
+    dense.ONE_PASS_ELEMENTS, dense.TWO_PASS_BLOCK, dense.GROUP_TILE = keep
+
+
 def _time_parts(out):
     """The steps of the activation-quantized paths at 8192^2, alone: our quantizer (per token, per 128), the
     int8 GEMM and its scale epilogue."""
@@ -37,15 +76,15 @@ def _time_parts(out):
         x = torch.randn(m, 8192, device="cuda", dtype=torch.bfloat16)
         for act in ("e4m3fn/fp32:token", "e4m3fn/fp32:g128", "int8/fp32:token"):
             spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
-            us = _time(lambda: triton_quantize_activation(x, spec))
+            us = _time_graph(lambda: triton_quantize_activation(x, spec))
             out["rows"].append({"part": f"quantize {act}", "m": m, "us": round(us, 1)})
         a = torch.randint(-127, 127, (m, 8192), device="cuda", dtype=torch.int8)
         w = torch.randint(-127, 127, (8192, 8192), device="cuda", dtype=torch.int8)
-        out["rows"].append({"part": "torch._int_mm", "m": m, "us": round(_time(lambda: torch._int_mm(a, w.t())), 1)})
+        out["rows"].append({"part": "torch._int_mm", "m": m, "us": round(_time_graph(lambda: torch._int_mm(a, w.t())), 1)})
         acc = torch._int_mm(a, w.t())
         xs, ws = torch.rand(m, device="cuda"), torch.rand(8192, device="cuda")
         y = torch.empty(m, 8192, device="cuda", dtype=torch.bfloat16)
-        us = _time(lambda: scale_rows_cols_kernel[(m // 32, 64)](acc, xs, ws, ws, y, m, 8192, 8192, 8192,
+        us = _time_graph(lambda: scale_rows_cols_kernel[(m // 32, 64)](acc, xs, ws, ws, y, m, 8192, 8192, 8192,
                                                                  HAS_BIAS=False, BLOCK_M=32, BLOCK_N=128))
         out["rows"].append({"part": "int8 scale epilogue", "m": m, "us": round(us, 1)})
         print(out["rows"][-5:], flush=True)
@@ -95,6 +134,7 @@ def main() -> int:
         out["rows"].append(row)
         print(row, flush=True)
     _time_parts(out)
+    _sweep_quantizer(out)
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
             json.dump(out, f, indent=1)

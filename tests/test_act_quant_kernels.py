@@ -183,3 +183,28 @@ def test_fp8_path_under_auto_and_names_what_it_cannot_do(monkeypatch):
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_fp8_gemm_on_gpu(scheme, shape, dtype, rng):
     _gemm_case(scheme, *shape, dtype, rng, device="cuda")
+
+
+@pytest.mark.parametrize("act,grid", [("e4m3fn/fp32:token", "e4m3"), ("int8/fp32:token", "int"),
+                                      ("e4m3fn/fp32:g128", "e4m3")])
+@pytest.mark.parametrize("e", [-3, 0, 5])
+def test_fp32_quantizer_ties_and_their_neighbours(act, grid, e):
+    """Quotients exactly on a rounding midpoint (the scale a power of two) and one fp32 ulp either side: the
+    division-free fp32 quantizer must round each as the reference does (ties to even)."""
+    from humming_triton.kernels.dense import triton_quantize_activation
+    spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
+    if grid == "e4m3":
+        vals = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+        vals = torch.unique(vals[torch.isfinite(vals)].abs())
+        mids, qmax = (vals[1:] + vals[:-1]) / 2, 448.0
+    else:
+        mids, qmax = torch.arange(0, 126) + 0.5, 127.0
+    s = 2.0 ** e
+    vals = torch.cat([mids, -mids, torch.nextafter(mids, torch.tensor(1e9)), torch.nextafter(mids, torch.tensor(-1e9))])
+    x = torch.zeros(3, 1024)
+    x[:, :vals.numel()] = vals[:1024] * s
+    x[:, 127::128] = qmax * s  # every group's amax: the scale is exactly 2**e
+    q = triton_quantize_activation(x, spec)
+    r = ht.quantize_activation(x, spec)
+    assert bool((r.scales == s).all())
+    assert torch.equal(q.scales, r.scales) and torch.equal(q.codes, r.codes)

@@ -4,8 +4,8 @@ GEMM paths: e4m3 or int8 codes with fp32 scales, e4m3 codes with e8m0 block scal
 
 Matches ``formats.activation.quantize_activation`` code for code: ``s = amax / qmax`` rounded to fp32 (1 for an
 all-zero group; qmax 448 for e4m3, 127 for int8), ``code = round-to-nearest-even(x / s)`` with the quotient in
-float64 as the reference has it, saturating (fp32 scales: the same rounding done in fp32, exactly, by rounding
-the quotient to odd -- ``act_quant_f32_kernel``).  e2m1 (qmax 6): the ideal scale amax / 6 (/ global) in float64,
+float64 as the reference has it, saturating (fp32 scales: the same rounding found without a division, by an exact
+float64 comparison with the midpoint -- ``act_quant_f32_kernel``).  e2m1 (qmax 6): the ideal scale amax / 6 (/ global) in float64,
 rounded up to a power of two (e8m0: the exact ceil(log2), read off the float64 bits) or to the nearest e4m3
 (at least its smallest subnormal); the quotient divides by that scale times the global.  e4m3 rounding is done on the float64 bits (3 mantissa bits kept; a
 2**-9 quantum below 2**-6) so that the final conversion to fp8 is exact everywhere -- the Triton interpreter's own
@@ -117,47 +117,51 @@ def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_
 
 
 @triton.jit
-def _quotient_round_to_odd(x, s):
-    """|x / s| in fp32 rounded to odd -- truncated, with the last bit set when inexact -- and the sign.  Rounding
-    it to e4m3 or to an integer gives the exact quotient's rounding (round-to-odd with 24 bits against at most
-    3 + 2 kept: no double-rounding error), i.e. the reference's float64 quotient rounded.  Inexactness and the
-    direction come from q * s, exact in float64 (24 x 24 bits), against x."""
-    q = tl.div_rn(x, s)
-    p = q.to(tl.float64) * s.to(tl.float64)
-    xd = x.to(tl.float64)
-    inexact = p != xd
-    b = tl.abs(q).to(tl.int32, bitcast=True)
-    over = inexact & (b > 0) & ((xd > 0) == (p > xd))  # |q| above |x / s|: truncate one ulp down
-    b = (b - over.to(tl.int32)) | inexact.to(tl.int32)
-    return b.to(tl.float32, bitcast=True), x < 0
+def _fp32_codes(x, s, rcp, INT8: tl.constexpr):
+    """x / s (fp32 x, fp32 scales > 0, ``rcp`` ~ 1 / s) -> e4m3 (or int8) code *values* as fp32: the reference's
+    round-to-nearest-even of the exact quotient, saturating at 448 (int8: [-128, 127]), without a division.
 
-
-@triton.jit
-def _fp32_codes(x, s, INT8: tl.constexpr):
-    """x / s (fp32 x, fp32 scales > 0) -> e4m3 (or int8) code *values* as fp32: the reference's round-to-nearest-
-    even of the quotient, saturating at 448 (int8: [-128, 127])."""
-    a, neg = _quotient_round_to_odd(x, s)
-    big = 12582912.0  # 1.5 * 2**23: adding and subtracting it rounds a value below 2**22 to an integer, ties to even
+    ``|x| * rcp`` is within 2^-21 of |x / s|: close enough to find the grid point ``lo`` below the quotient (or
+    the one just above it, which rounds the same way) and the midpoint ``mid`` to the next one.  Which side of
+    ``mid`` the exact quotient lies on is ``|x|`` against ``mid * s`` -- exact in float64 (5 (int8: 9) x 24 bits)
+    -- so ties go to even and no rounding error can move a code."""
+    ax = tl.abs(x)
+    q = ax * rcp
     if INT8:
-        r = (tl.minimum(a, 129.0) + big) - big
-        v = tl.where(neg, -r, r)
-        return tl.minimum(tl.maximum(v, -128.0), 127.0)
-    a = tl.minimum(a, 448.0)
-    bits = a.to(tl.int32, bitcast=True)
-    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0x7FF00000).to(tl.float32, bitcast=True)  # 3 mantissa bits
-    sub = ((a * 512.0 + big) - big) * (1.0 / 512.0)  # below 2**-6 the grid is uniform with step 2**-9
-    r = tl.where(a < 0.015625, sub, normal)
-    return tl.where(neg, -r, r)
+        lo = tl.floor(tl.minimum(q, 128.0))
+        mid = lo + 0.5
+        up = lo + 1.0
+        odd = (lo.to(tl.int32) & 1) != 0
+    else:
+        qc = tl.minimum(q, 448.0)
+        bits = qc.to(tl.int32, bitcast=True) & 0x7FF00000  # the e4m3 grid point below: 3 mantissa bits kept
+        sub = qc < 0.015625  # below 2**-6 the grid is uniform with step 2**-9
+        k = tl.floor(qc * 512.0)
+        lo = tl.where(sub, k * (1.0 / 512.0), bits.to(tl.float32, bitcast=True))
+        mid = tl.where(sub, (k + 0.5) * (1.0 / 512.0), (bits | 0x80000).to(tl.float32, bitcast=True))
+        up = tl.where(sub, (k + 1.0) * (1.0 / 512.0), (bits + 0x100000).to(tl.float32, bitcast=True))
+        odd = tl.where(sub, (k.to(tl.int32) & 1) != 0, (bits & 0x100000) != 0)
+    edge = mid.to(tl.float64) * s.to(tl.float64)
+    axd = ax.to(tl.float64)
+    r = tl.where((axd > edge) | ((axd == edge) & odd), up, lo)
+    if INT8:
+        v = tl.minimum(tl.maximum(tl.where(x < 0, -r, r), -128.0), 127.0)
+    else:
+        r = tl.minimum(r, 448.0)
+        v = tl.where(x < 0, -r, r)
+    return v
 
 
 @triton.jit
 def _stored(v, codes_ptr, INT8: tl.constexpr, CODE_VALUES: tl.constexpr):
     """Code values (fp32) as stored: the value in the 16-bit type of ``codes_ptr`` (CODE_VALUES), else the byte."""
-    if CODE_VALUES:
-        return v.to(codes_ptr.dtype.element_ty)
-    if INT8:
-        return v.to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True)
-    return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    if CODE_VALUES:  # one return statement: Triton 3.6 rejects returns under an if
+        c = v.to(codes_ptr.dtype.element_ty)
+    elif INT8:
+        c = v.to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True)
+    else:
+        c = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    return c
 
 
 @triton.jit
@@ -168,9 +172,8 @@ def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, 
     token or per group of K.  Program (row, p): groups p * GROUPS .. p * GROUPS + GROUPS - 1 of one row.
 
     BLOCK_K >= GROUP_K: one pass, the groups held in registers as a [GROUPS, BLOCK_K] tile; else (one long group
-    per program) two passes over BLOCK_K-wide chunks.  fp32 math throughout (``_quotient_round_to_odd``): the
-    float64 division and rounding of ``act_quant_kernel`` cost 2-4x the instructions and made the quantizer
-    ~120-230 µs of a 4096 x 8192 call.  CODE_VALUES: store each code's value in the 16-bit float type of
+    per program) two passes over BLOCK_K-wide chunks.  No division per element (``_fp32_codes``): the float64
+    division and rounding of ``act_quant_kernel`` made the quantizer ~120-230 µs of a 4096 x 8192 call.  CODE_VALUES: store each code's value in the 16-bit float type of
     ``codes_ptr`` (exact: e4m3 and int8 are subsets of fp16 and of bf16) for the MMA kernels on code values."""
     QMAX: tl.constexpr = 127.0 if INT8 else 448.0
     row = tl.program_id(0).to(tl.int64)
@@ -189,7 +192,7 @@ def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, 
         # rounds amax / qmax to fp32 exactly
         s = tl.where(a > 0, tl.div_rn(a, QMAX), 1.0)
         tl.store(scales_ptr + row * stride_sm + g * stride_sg, tl.where(bad, float("nan"), s), mask=g < groups)
-        v = _fp32_codes(tl.where(bad[:, None], 0.0, x), s[:, None], INT8)
+        v = _fp32_codes(tl.where(bad[:, None], 0.0, x), s[:, None], tl.div_rn(1.0, s)[:, None], INT8)
         tl.store(codes_ptr + row * stride_cm + offs, _stored(v, codes_ptr, INT8, CODE_VALUES), mask=mask)
     else:
         gi = tl.program_id(1)
@@ -210,7 +213,7 @@ def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, 
         for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
             offs = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-            v = _fp32_codes(tl.where(bad, 0.0, x), s, INT8)
+            v = _fp32_codes(tl.where(bad, 0.0, x), s, tl.div_rn(1.0, s), INT8)
             tl.store(codes_ptr + row * stride_cm + offs, _stored(v, codes_ptr, INT8, CODE_VALUES), mask=offs < K)
 
 

@@ -135,6 +135,7 @@ def quantize_activation_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dt
 
 
 ONE_PASS_ELEMENTS = 16384  # the most of one row an fp32-quantizer program holds in registers (16 warps, 32 each)
+TWO_PASS_BLOCK = 4096  # the chunk of a longer row (walked twice: amax, then codes)
 GROUP_TILE = 1024  # elements per program for per-group scales: several groups at once (8 of 128)
 
 
@@ -151,7 +152,7 @@ def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scal
         block = triton.next_power_of_2(g)
         per_prog = 1 if block > GROUP_TILE else min(GROUP_TILE // block, triton.next_power_of_2(groups))
         if block > ONE_PASS_ELEMENTS:
-            block = 4096  # two passes over the row
+            block = TWO_PASS_BLOCK
         act_quant_f32_kernel[(m, triton.cdiv(groups, per_prog))](
             x2, codes, scales, k, x2.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
             INT8=str(spec.dtype) == "int8", GROUP_K=g, GROUPS=per_prog, BLOCK_K=block,
