@@ -331,4 +331,15 @@ def test_triton_model_eager_graph_compile_on_gpu(kind, scheme, rng):
     # inductor fuses the bf16 norms / activations around our ops with its own rounding: element-wise, logits
     # near zero move by a few bf16 ulps (up to 0.04 on the H200), so the check is the norm-wise drift
     drift = float((got - again.float()).norm() / again.float().norm())
-    assert drift < 1e-2, f"{kind}/{scheme}: torch.compile drifted {drift:.3g} from eager"
+    if ht.QuantScheme.parse(scheme).act is None:
+        assert drift < 1e-2, f"{kind}/{scheme}: torch.compile drifted {drift:.3g} from eager"
+    else:
+        # quantized activations amplify those roundings: a 1-ulp bf16 change of 30 % of x moves an e4m3 GEMM's
+        # output 4.6x as much as a 16-bit one's (measured on CPU, session 15) -- 2.9-3.4 % over the tiny model on
+        # the H200, inherent to rounding x to 3 mantissa bits.  So compiled is held to eager's own bar: the
+        # float32 reference model on the same tokens
+        with torch.no_grad():
+            want_new = ref(new_ids, use_cache=False).logits
+        rel_c = float((got - want_new).norm() / want_new.norm())
+        assert rel_c < 0.05 and drift < 0.05, \
+            f"{kind}/{scheme}: torch.compile vs reference rel err {rel_c:.3g}, drift from eager {drift:.3g}"
