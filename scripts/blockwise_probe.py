@@ -64,6 +64,15 @@ def _sweep_quantizer(out):
                                 "us": round(us, 2)})
             print(out["rows"][-1], flush=True)
     dense.ONE_PASS_ELEMENTS, dense.TWO_PASS_BLOCK, dense.GROUP_TILE = keep
+    for act, m, f32 in itertools.product(("e4m3fn/fp32:token", "int8/fp32:token", "e4m3fn/fp32:g128"), (16, 4096),
+                                         (False, True)):  # the midpoint comparison in float64 or split fp32
+        spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
+        x = torch.randn(m, 8192, device="cuda", dtype=torch.bfloat16)
+        dense.F32_COMPARE = f32
+        us = _time_graph(lambda: triton_quantize_activation(x, spec))
+        out["rows"].append({"quantizer": act, "m": m, "f32_compare": f32, "us": round(us, 2)})
+        print(out["rows"][-1], flush=True)
+    dense.F32_COMPARE = False
 
 
 def _time_parts(out):

@@ -188,10 +188,14 @@ def test_fp8_gemm_on_gpu(scheme, shape, dtype, rng):
 @pytest.mark.parametrize("act,grid", [("e4m3fn/fp32:token", "e4m3"), ("int8/fp32:token", "int"),
                                       ("e4m3fn/fp32:g128", "e4m3")])
 @pytest.mark.parametrize("e", [-3, 0, 5])
-def test_fp32_quantizer_ties_and_their_neighbours(act, grid, e):
+@pytest.mark.parametrize("f32_compare", [False, True])
+def test_fp32_quantizer_ties_and_their_neighbours(act, grid, e, f32_compare, monkeypatch):
     """Quotients exactly on a rounding midpoint (the scale a power of two) and one fp32 ulp either side: the
-    division-free fp32 quantizer must round each as the reference does (ties to even)."""
+    division-free fp32 quantizer must round each as the reference does (ties to even), with the midpoint
+    comparison in float64 (the default) or in split fp32 (``dense.F32_COMPARE``)."""
+    from humming_triton.kernels import dense
     from humming_triton.kernels.dense import triton_quantize_activation
+    monkeypatch.setattr(dense, "F32_COMPARE", f32_compare)
     spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
     if grid == "e4m3":
         vals = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
@@ -207,4 +211,20 @@ def test_fp32_quantizer_ties_and_their_neighbours(act, grid, e):
     q = triton_quantize_activation(x, spec)
     r = ht.quantize_activation(x, spec)
     assert bool((r.scales == s).all())
+    assert torch.equal(q.scales, r.scales) and torch.equal(q.codes, r.codes)
+
+
+@pytest.mark.parametrize("act", ["e4m3fn/fp32:g128", "int8/fp32:token", "e4m3fn/fp32:token"])
+@pytest.mark.parametrize("magnitude", [1e-44, 1e-40, 1e-37, 1e-20, 1e30])
+@pytest.mark.parametrize("f32_compare", [False, True])
+def test_fp32_quantizer_tiny_and_huge_groups(act, magnitude, f32_compare, monkeypatch, rng):
+    """Groups whose scale is an fp32 subnormal (1 / s would overflow, products underflow) or huge: code for code
+    the reference's."""
+    from humming_triton.kernels import dense
+    from humming_triton.kernels.dense import triton_quantize_activation
+    monkeypatch.setattr(dense, "F32_COMPARE", f32_compare)
+    spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
+    x = torch.randn(4, 512, generator=rng) * torch.exp2(torch.randint(-20, 20, (4, 512), generator=rng) * 0.3)
+    x = x * magnitude
+    q, r = triton_quantize_activation(x, spec), ht.quantize_activation(x, spec)
     assert torch.equal(q.scales, r.scales) and torch.equal(q.codes, r.codes)

@@ -117,16 +117,25 @@ def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_
 
 
 @triton.jit
-def _fp32_codes(x, s, rcp, INT8: tl.constexpr):
-    """x / s (fp32 x, fp32 scales > 0, ``rcp`` ~ 1 / s) -> e4m3 (or int8) code *values* as fp32: the reference's
-    round-to-nearest-even of the exact quotient, saturating at 448 (int8: [-128, 127]), without a division.
+def _fp32_codes(x, s, INT8: tl.constexpr, F32_COMPARE: tl.constexpr = False):
+    """x / s (fp32 x, fp32 scales > 0, per group: [GROUPS, 1] or a scalar) -> e4m3 (or int8) code *values* as
+    fp32: the reference's round-to-nearest-even of the exact quotient, saturating at 448 (int8: [-128, 127]),
+    with one division per group.  A group whose scale is below 2^-60 is scaled up by 2^64 first (exact: x and s
+    alike) so that neither 1 / s nor any product below overflows or underflows.
 
-    ``|x| * rcp`` is within 2^-21 of |x / s|: close enough to find the grid point ``lo`` below the quotient (or
+    ``|x| * (1 / s)`` is within 2^-21 of |x / s|: close enough to find the grid point ``lo`` below the quotient (or
     the one just above it, which rounds the same way) and the midpoint ``mid`` to the next one.  Which side of
     ``mid`` the exact quotient lies on is ``|x|`` against ``mid * s`` -- exact in float64 (5 (int8: 9) x 24 bits)
-    -- so ties go to even and no rounding error can move a code."""
-    ax = tl.abs(x)
-    q = ax * rcp
+    -- so ties go to even and no rounding error can move a code.
+
+    F32_COMPARE (opt-in, untimed): the same comparison in fp32, exactly: s = s_hi + s_lo with 12 significant bits
+    each, so mid * s_hi and mid * s_lo are exact (<= 21 bits), |x| - mid * s_hi is exact (Sterbenz: the two are
+    within a factor 2), and that difference is compared with mid * s_lo -- five full-rate fp32 instructions for
+    two fp32 -> fp64 conversions (16 per SM per clock on Hopper), a DMUL and two DSETPs."""
+    f = tl.where(s < 8.673617379884035e-19, 1.8446744073709552e19, 1.0)  # 2^-60 -> 2^64
+    s = s * f
+    ax = tl.abs(x) * f
+    q = ax * tl.div_rn(1.0, s)
     if INT8:
         lo = tl.floor(tl.minimum(q, 128.0))
         mid = lo + 0.5
@@ -141,9 +150,16 @@ def _fp32_codes(x, s, rcp, INT8: tl.constexpr):
         mid = tl.where(sub, (k + 0.5) * (1.0 / 512.0), (bits | 0x80000).to(tl.float32, bitcast=True))
         up = tl.where(sub, (k + 1.0) * (1.0 / 512.0), (bits + 0x100000).to(tl.float32, bitcast=True))
         odd = tl.where(sub, (k.to(tl.int32) & 1) != 0, (bits & 0x100000) != 0)
-    edge = mid.to(tl.float64) * s.to(tl.float64)
-    axd = ax.to(tl.float64)
-    r = tl.where((axd > edge) | ((axd == edge) & odd), up, lo)
+    if F32_COMPARE:
+        s_hi = (s.to(tl.int32, bitcast=True) & -4096).to(tl.float32, bitcast=True)  # 12 significant bits kept
+        s_lo = s - s_hi
+        d = ax - mid * s_hi
+        e = mid * s_lo
+        r = tl.where((d > e) | ((d == e) & odd), up, lo)
+    else:
+        edge = mid.to(tl.float64) * s.to(tl.float64)
+        axd = ax.to(tl.float64)
+        r = tl.where((axd > edge) | ((axd == edge) & odd), up, lo)
     if INT8:
         v = tl.minimum(tl.maximum(tl.where(x < 0, -r, r), -128.0), 127.0)
     else:
@@ -167,7 +183,7 @@ def _stored(v, codes_ptr, INT8: tl.constexpr, CODE_VALUES: tl.constexpr):
 @triton.jit
 def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, stride_sm, stride_sg,
                          INT8: tl.constexpr, GROUP_K: tl.constexpr, GROUPS: tl.constexpr, BLOCK_K: tl.constexpr,
-                         CODE_VALUES: tl.constexpr):
+                         CODE_VALUES: tl.constexpr, F32_COMPARE: tl.constexpr = False):
     """e4m3 (or INT8) codes with fp32 scales ``s = amax / qmax`` (qmax 448 / 127; 1 for an all-zero group), per
     token or per group of K.  Program (row, p): groups p * GROUPS .. p * GROUPS + GROUPS - 1 of one row.
 
@@ -192,7 +208,7 @@ def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, 
         # rounds amax / qmax to fp32 exactly
         s = tl.where(a > 0, tl.div_rn(a, QMAX), 1.0)
         tl.store(scales_ptr + row * stride_sm + g * stride_sg, tl.where(bad, float("nan"), s), mask=g < groups)
-        v = _fp32_codes(tl.where(bad[:, None], 0.0, x), s[:, None], tl.div_rn(1.0, s)[:, None], INT8)
+        v = _fp32_codes(tl.where(bad[:, None], 0.0, x), s[:, None], INT8, F32_COMPARE)
         tl.store(codes_ptr + row * stride_cm + offs, _stored(v, codes_ptr, INT8, CODE_VALUES), mask=mask)
     else:
         gi = tl.program_id(1)
@@ -213,7 +229,7 @@ def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, 
         for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
             offs = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-            v = _fp32_codes(tl.where(bad, 0.0, x), s, tl.div_rn(1.0, s), INT8)
+            v = _fp32_codes(tl.where(bad, 0.0, x), s, INT8, F32_COMPARE)
             tl.store(codes_ptr + row * stride_cm + offs, _stored(v, codes_ptr, INT8, CODE_VALUES), mask=offs < K)
 
 

@@ -137,6 +137,7 @@ def quantize_activation_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dt
 ONE_PASS_ELEMENTS = 16384  # the most of one row an fp32-quantizer program holds in registers (16 warps, 32 each)
 TWO_PASS_BLOCK = 4096  # the chunk of a longer row (walked twice: amax, then codes)
 GROUP_TILE = 1024  # elements per program for per-group scales: several groups at once (8 of 128)
+F32_COMPARE = False  # the quantizer's rounding decided in fp32 instead of float64 (exact either way; untimed)
 
 
 def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scales: torch.Tensor,
@@ -156,7 +157,7 @@ def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scal
         act_quant_f32_kernel[(m, triton.cdiv(groups, per_prog))](
             x2, codes, scales, k, x2.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
             INT8=str(spec.dtype) == "int8", GROUP_K=g, GROUPS=per_prog, BLOCK_K=block,
-            CODE_VALUES=codes.dtype != torch.uint8, num_warps=min(16, max(4, block * per_prog // 1024)))
+            CODE_VALUES=codes.dtype != torch.uint8, F32_COMPARE=F32_COMPARE, num_warps=min(16, max(4, block * per_prog // 1024)))
         return
     act_quant_kernel[(m, groups)](
         x2, codes, scales, gscale if gscale is not None else scales, k, x2.stride(0), codes.stride(0),
