@@ -95,6 +95,13 @@ def test_scale_epilogue(bias, out_dtype, rng):
     assert torch.equal(y, want.to(out_dtype))
 
 
+def _reference(qw, x, bias):
+    """(float64 reference output, dequantized x, dequantized weight) of the quantized linear."""
+    x_hat = ht.dequantize_activation(ht.quantize_activation(x, qw.scheme.act)).double()
+    w_hat = ht.dequantize_weight(qw.to("cpu")).double()
+    return x_hat @ w_hat.T + (0 if bias is None else bias.double()), x_hat, w_hat
+
+
 def _run(family, qw, x, bias, out_dtype):
     m, n = x.shape[0], qw.N
     out = poison_like(torch.empty(m, n, dtype=out_dtype, device="cuda"))
@@ -113,10 +120,7 @@ def test_block_family_matches_reference(scheme, m, out_dtype, bias_dtype, rng):
     qw = ht.quantize_weight(torch.randn(n, k, generator=rng) * 0.05, scheme).to("cuda")
     bias = None if bias_dtype is None else torch.randn(n, generator=rng).to(bias_dtype)
     x = torch.randn(m, k, generator=rng).to(torch.bfloat16)
-    q = ht.quantize_activation(x, qw.scheme.act)
-    x_hat = ht.dequantize_activation(q).double()
-    w_hat = ht.dequantize_weight(qw.to("cpu")).double()
-    ref = x_hat @ w_hat.T + (0 if bias is None else bias.double())
+    ref, x_hat, w_hat = _reference(qw, x, bias)
     y = _run("scaled_mm_block", qw, x.cuda(), None if bias is None else bias.cuda(), out_dtype)
     assert_linear_close(y.cpu(), ref, x_hat, w_hat, torch.float8_e4m3fn, f"{scheme} M={m} {out_dtype} {bias_dtype}")
     if out_dtype != torch.bfloat16:  # the fp8 tolerance cannot see a bf16 rounding: the values must not all be bf16's
@@ -134,9 +138,6 @@ def test_int_mm_family_matches_reference(m, out_dtype, bias_dtype, rng):
     qw = ht.quantize_weight(torch.randn(n, k, generator=rng) * 0.05, "w8a8-int8").to("cuda")
     bias = None if bias_dtype is None else torch.randn(n, generator=rng).to(bias_dtype)
     x = torch.randn(m, k, generator=rng).to(torch.bfloat16)
-    q = ht.quantize_activation(x, qw.scheme.act)
-    x_hat = ht.dequantize_activation(q).double()
-    w_hat = ht.dequantize_weight(qw.to("cpu")).double()
-    ref = x_hat @ w_hat.T + (0 if bias is None else bias.double())
+    ref, x_hat, w_hat = _reference(qw, x, bias)
     y = _run("int_mm", qw, x.cuda(), None if bias is None else bias.cuda(), out_dtype)
     assert_linear_close(y.cpu(), ref, x_hat, w_hat, torch.float32, f"int_mm M={m} {out_dtype} {bias_dtype}")

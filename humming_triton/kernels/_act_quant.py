@@ -71,6 +71,21 @@ def block_scale(a, gs, QMAX: tl.constexpr, SCALE_KIND: tl.constexpr):
 
 
 @triton.jit
+def _group_amax(x_row, k_begin, GROUP_K: tl.constexpr, K, BLOCK_K: tl.constexpr):
+    """(amax over the finite values, whether any value is non-finite) of columns k_begin .. k_begin + GROUP_K of
+    one row, walked BLOCK_K at a time -- the reference's rule (formats/activation.py)."""
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    nonfinite = tl.zeros((BLOCK_K,), dtype=tl.int32)
+    for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        ax = tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32))
+        finite = ax < float("inf")  # false for +-inf and NaN
+        amax = tl.maximum(amax, tl.where(finite, ax, 0.0))
+        nonfinite = tl.maximum(nonfinite, tl.where(finite, 0, 1))
+    return tl.max(amax, axis=0), tl.max(nonfinite, axis=0) > 0
+
+
+@triton.jit
 def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_cm, stride_sm, stride_sg,
                      KIND: tl.constexpr, SCALE_KIND: tl.constexpr, GROUP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                      SCALE_VALUES: tl.constexpr):
@@ -81,19 +96,8 @@ def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     k_begin = g * GROUP_K
-    # non-finite inputs, as the reference (formats/activation.py): the amax is over the finite values, and a group
-    # holding a NaN or an Inf gets a NaN scale (e8m0 0xFF, e4m3 0x7F) and zero codes -- its GEMM row is NaN
-    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    nonfinite = tl.zeros((BLOCK_K,), dtype=tl.int32)
-    for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-        ax = tl.abs(x)
-        finite = ax < float("inf")  # false for +-inf and NaN
-        amax = tl.maximum(amax, tl.where(finite, ax, 0.0))
-        nonfinite = tl.maximum(nonfinite, tl.where(finite, 0, 1))
-    a = tl.max(amax, axis=0)
-    bad = tl.max(nonfinite, axis=0) > 0
+    # non-finite inputs: a group holding a NaN or an Inf gets a NaN scale (e8m0 0xFF, e4m3 0x7F) and zero codes
+    a, bad = _group_amax(x_ptr + row * stride_xm, k_begin, GROUP_K, K, BLOCK_K)
     gs = 1.0
     if SCALE_KIND == 2:
         gs = tl.load(gs_ptr).to(tl.float64)
@@ -213,17 +217,7 @@ def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, 
     else:
         gi = tl.program_id(1)
         k_begin = gi * GROUP_K
-        amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        nonfinite = tl.zeros((BLOCK_K,), dtype=tl.int32)
-        for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
-            offs = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-            ax = tl.abs(x)
-            finite = ax < float("inf")
-            amax = tl.maximum(amax, tl.where(finite, ax, 0.0))
-            nonfinite = tl.maximum(nonfinite, tl.where(finite, 0, 1))
-        a = tl.max(amax, axis=0)
-        bad = tl.max(nonfinite, axis=0) > 0
+        a, bad = _group_amax(x_ptr + row * stride_xm, k_begin, GROUP_K, K, BLOCK_K)
         s = tl.where(a > 0, tl.div_rn(a, QMAX), 1.0)
         tl.store(scales_ptr + row * stride_sm + gi * stride_sg, tl.where(bad, float("nan"), s))
         for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
