@@ -30,6 +30,7 @@
 #   tp      2+ GPUs: scripts/tp_check.py (TP MLP pair + EP grouped GEMM vs one GPU, timed)      -> tp.json
 #   blockwise which block-scaled fp8 recipes F.scaled_mm takes here, and their speed  -> blockwise_probe.txt/json
 #   files   the GPU tests of the files in $GPU_TEST_FILES                                -> gpu_tests.txt
+#   intdecode the integer-decode tile loops (INT_DECODE_ACT): GPU tests, same-run A/B  -> int_decode_probe.txt/json
 #   new     GPU tests of this session's new paths (swap-AB family, torch-composed families, dispatch)
 #   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
 #   overhead host-side µs per call of each path (eager, op, compiled) + profiles  -> overhead.txt
@@ -148,6 +149,11 @@ for step in $STEPS; do
     blockwise) stamp blockwise; limited ${BLOCKWISE_S:-120} python3 scripts/blockwise_probe.py "$OUT/blockwise_probe.json" \
                > "$OUT/blockwise_probe.txt" 2>&1 ;;
     files)   gpu_tests ${FILES_S:-150} files $GPU_TEST_FILES ;;
+    intdecode)  # the integer-decode tile loops (dense.INT_DECODE_ACT): GPU tests, then the same-run A/B probe
+      gpu_tests ${INTDEC_TEST_S:-120} intdecode tests/test_act_quant_kernels.py -k integer_decode
+      stamp intdecode probe
+      limited ${INTDEC_S:-240} python3 scripts/int_decode_probe.py ${INTDEC_M:+--m $INTDEC_M} \
+        --out "$OUT/int_decode_probe.json" > "$OUT/int_decode_probe.txt" 2>&1 ;;
     new)     gpu_tests ${NEW_S:-150} new tests/test_dispatch.py tests/test_dense_kernels.py tests/test_grouped_kernels.py \
                -k "swapab or dispatch or torch_composed or split" ;;
     dense)   gpu_tests ${DENSE_S:-200} dense tests/test_dense_kernels.py -k every_format_family ;;

@@ -95,12 +95,12 @@ def test_e2m1_quantizer_ties_and_signs():
     assert torch.equal(got.codes, ht.quantize_activation(x, spec).codes)
 
 
-def _gemm_case(scheme, m, n, k, dtype, rng, device="cpu"):
+def _gemm_case(scheme, m, n, k, dtype, rng, device="cpu", config=None):
     from humming_triton.kernels.dense import triton_linear, triton_quantize_activation
     qw = ht.quantize_weight(torch.randn(n, k, generator=rng), scheme, bias=torch.randn(n, generator=rng)).to(device)
     x = torch.randn(m, k, generator=rng).to(dtype).to(device)
     out = poison_like(torch.empty(m, n, dtype=dtype, device=device))
-    y = triton_linear(x, qw, out=out)
+    y = triton_linear(x, qw, config=config, out=out)
     act = qw.scheme.act
     q = triton_quantize_activation(x, act)
     x_hat = ht.dequantize_activation(QuantActivation(q.codes.cpu(), q.scales.cpu(), act,
@@ -111,7 +111,7 @@ def _gemm_case(scheme, m, n, k, dtype, rng, device="cpu"):
     # fp8 x fp8 products are exact in fp32 (int8 x int8 in int32): only accumulation and output rounding remain;
     # the large-M fp8 path (dequant_mm) rounds both dequantized operands to x's dtype for cuBLAS instead
     from humming_triton.kernels.dense import act_config
-    cfg = act_config(m, n, k, qw.scheme)
+    cfg = config or act_config(m, n, k, qw.scheme)
     # e2m1 activations (W4A4) meet the scaled weight in a bf16 MMA: the weight is rounded to bf16 there
     mma = dtype if cfg.family == "dequant_mm" else torch.bfloat16 if str(act.dtype) == "e2m1" else torch.float32
     assert_linear_close(y.cpu(), ref, x_hat, w_hat, mma, f"{scheme} M={m} ({cfg.family})")
@@ -136,6 +136,45 @@ def test_fp8_large_m_path_bf16(rng):
     _gemm_case("weight=e4m3fn,scale=fp32:channel,act=e4m3fn/fp32:g128", 40, 24, 384, torch.bfloat16, rng)
     _gemm_case("w8a8-fp8", 100, 24, 256, torch.float16, rng)
     _gemm_case("weight=e4m3fn,scale=fp32:channel,act=e4m3fn/fp32:g128", 520, 16, 256, torch.bfloat16, rng)
+
+
+# (scheme, M, K, the integer-decode ACT_KIND): int4 / int8 weights on int8 codes (group weight scales: 7, the
+# token scale after the loop; per-group activation scales: 7, per tile; channel x token scales: 9, int32 sums over
+# all of K), K tails (K = 200: a partial last tile), int4 weights on e4m3 codes (8, a bf16 MMA)
+INT_DECODE_CASES = [("w4a8-int8", 20, 384, 7), ("w8a8-int8", 70, 256, 9),
+                    ("weight=int8,scale=fp32:channel,act=int8/fp32:g128", 20, 384, 7),
+                    ("weight=int4,scale=fp32:channel,act=int8/fp32:token", 33, 200, 9),
+                    ("weight=int8,scale=fp16:g64,act=int8/fp32:token", 5, 320, 7),
+                    ("w4a8-fp8", 70, 256, 8), ("weight=int4,scale=fp32:channel,act=e4m3fn/fp32:token", 65, 200, 8)]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("scheme,m,k,kind", INT_DECODE_CASES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_integer_decode_tile_loops(scheme, m, k, kind, dtype, monkeypatch, rng):
+    """ACT_KIND 7 / 8 (dense.INT_DECODE_ACT): the weight decoded by integer / packed operations instead of
+    through fp32, against the reference on the kernel's own activation codes; the launcher must pick the kind."""
+    from humming_triton.calls import Call
+    from humming_triton.kernels import dense
+    monkeypatch.setattr(dense, "INT_DECODE_ACT", True)
+    cfg = configs.KernelConfig("act_tiled", 64, 32, 64, 1, 8, 4, 2)
+    call = Call("quant_linear", ht.QuantScheme.parse(scheme), dtype, m, 24, k)
+    from humming_triton.kernels.format_args import format_constexprs
+    fmt = format_constexprs(call.scheme, 24, k)
+    assert dense.act_constexprs(fmt, call, dense.fitted(cfg, call), False)["ACT_KIND"] == kind
+    _gemm_case(scheme, m, 24, k, dtype, rng, config=cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme,m,k,kind", INT_DECODE_CASES)
+@pytest.mark.parametrize("cfg", [(64, 128, 128, 4, 3), (128, 256, 128, 8, 3), (128, 128, 64, 4, 4)], ids=str)
+def test_integer_decode_tile_loops_on_gpu(scheme, m, k, kind, cfg, monkeypatch, rng):
+    """The same on the H200 (wgmma) with the probe's tile shapes, N = 1000 (partial weight tiles), bf16."""
+    from humming_triton.kernels import dense
+    monkeypatch.setattr(dense, "INT_DECODE_ACT", True)
+    bm, bn, bk, warps, stages = cfg
+    _gemm_case(scheme, 4 * m, 1000, 2 * k, torch.bfloat16, rng, device="cuda",
+               config=configs.KernelConfig("act_tiled", bm, bn, bk, 1, 8, warps, stages))
 
 
 @pytest.mark.interpret

@@ -10,8 +10,8 @@ at mid M, SPLIT_K programs share an output tile (fp32 atomics) so that enough pr
 import triton
 import triton.language as tl
 
-from .decode import (broadcast_groups, decode_float, decode_scales, dequant_tile, load_group_params,
-                     load_int4_tile_16, store_output)
+from .decode import (broadcast_groups, decode_float, decode_scales, dequant_tile, exact_i32_to_f32,
+                     load_group_params, load_int4_tile_16, load_int_tile_8, store_output)
 
 
 @triton.jit
@@ -40,10 +40,20 @@ def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, perm_ptr, stride_w
 
     ACT_KIND 6 (16-bit activations, signed int4 codes, POST_SCALE): the codes are decoded to x's type with packed
     instructions (``decode.load_int4_tile_16``); ACT_KIND 0 decodes any format through fp32.
+    ACT_KIND 7 (int8 codes, signed int4 / int8 weights, POST_SCALE): ACT_KIND 2 with the weight unpacked to int8
+    by integer operations (``decode.load_int_tile_8``) and the int32 partial converted exactly without I2F; a
+    per-token activation scale multiplies the accumulator once, after the loop.  ACT_KIND 9: ACT_KIND 7 with one
+    weight scale per row and one activation scale per token -- the MMA accumulates in int32 over all of K (exact,
+    and asynchronous: no partial product to rescale per tile) and both scales multiply once, after the loop.  ACT_KIND 8 (e4m3 codes, signed
+    int4 weights, POST_SCALE): ACT_KIND 5 with the weight decoded to bf16 by ``load_int4_tile_16``.
 
     HAS_PERM (act-order weights, 16-bit activations): the weight is stored in permuted K order, and x's column
     ``perm_ptr[k]`` meets stored column k -- gathered here instead of permuting x in memory per call."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_i = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)  # ACT_KIND 9's int32 sums (unused, so dropped, else)
+    # ACT_KIND 7: |int32 partial| <= BLOCK_K * 2^(BITS-1) * 128 within the exact range of exact_i32_to_f32
+    I32_EXACT: tl.constexpr = BLOCK_K * (1 << (BITS - 1)) * 128 <= 4194304
+    X_SCALE_AFTER: tl.constexpr = ACT_KIND == 7 and ACT_GROUP_K >= (1 << 30)  # per-token scale (dense.PER_TOKEN)
     for t in range(t_begin, t_end):
         k0 = t * BLOCK_K
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -54,9 +64,11 @@ def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, perm_ptr, stride_w
             x = tl.load(x_rows + kx[None, :], mask=mask_m, other=0)
         else:
             x = tl.load(x_rows + kx[None, :], mask=mask_m & (offs_k[None, :] < K), other=0)
-        if ACT_KIND == 6:  # signed int4, a scale per tile: packed decode straight to x's 16-bit type
+        if ACT_KIND == 6 or ACT_KIND == 8:  # signed int4, a scale per tile: packed decode to a 16-bit type
             w16 = load_int4_tile_16(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N, BLOCK_K, EVEN_K,
-                                    x_rows.dtype.element_ty == tl.bfloat16, not DOT_F32)
+                                    ACT_KIND == 8 or x_rows.dtype.element_ty == tl.bfloat16, not DOT_F32)
+        elif ACT_KIND == 7 or ACT_KIND == 9:
+            wq = load_int_tile_8(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N, BLOCK_K, EVEN_K, BITS)
         else:
             w = dequant_tile(w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, offs_n,
                              k0, N, K, BLOCK_N, BLOCK_K, EVEN_K, not POST_SCALE, BITS, GROUP_K, GROUP_N, ZERO_KIND,
@@ -77,6 +89,19 @@ def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, perm_ptr, stride_w
             else:
                 part = tl.dot(xb.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
             part = part * tl.load(xs_rows + k0 // ACT_GROUP_K, mask=mask_m, other=0.0)
+        elif ACT_KIND == 8:
+            xb = x.to(tl.float8e4nv, bitcast=True)
+            if DOT_F32:
+                part = tl.dot(xb.to(tl.float32), tl.trans(w16.to(tl.float32)), input_precision="ieee")
+            else:
+                part = tl.dot(xb.to(tl.bfloat16), tl.trans(w16))
+            part = part * tl.load(xs_rows + k0 // ACT_GROUP_K, mask=mask_m, other=0.0)
+        elif ACT_KIND == 9:
+            acc_i = tl.dot(x.to(tl.int8, bitcast=True), tl.trans(wq), acc_i, out_dtype=tl.int32)
+        elif ACT_KIND == 7:
+            part = exact_i32_to_f32(tl.dot(x.to(tl.int8, bitcast=True), tl.trans(wq)), I32_EXACT)
+            if not X_SCALE_AFTER:
+                part = part * tl.load(xs_rows + k0 // ACT_GROUP_K, mask=mask_m, other=0.0)
         elif ACT_KIND == 2:
             part = tl.dot(x.to(tl.int8, bitcast=True), tl.trans(w.to(tl.int8))).to(tl.float32)
             part = part * tl.load(xs_rows + k0 // ACT_GROUP_K, mask=mask_m, other=0.0)
@@ -99,12 +124,20 @@ def tile_matmul(x_rows, xs_rows, mask_m, w_ptr, s_ptr, z_ptr, perm_ptr, stride_w
                 part = tl.dot(x.to(tl.float32), wt.to(tl.float32), input_precision="ieee")
             else:
                 part = tl.dot(x, wt)
-        if POST_SCALE:
+        if ACT_KIND == 9:
+            pass
+        elif POST_SCALE:
             s = load_group_params(s_ptr, stride_sn, stride_sk, offs_n, k0, N, K, BLOCK_K, GROUP_K, GROUP_N)
             s = decode_scales(s, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
             acc += part * tl.reshape(s, (1, BLOCK_N))
         else:
             acc += part
+    if ACT_KIND == 9:
+        s = load_group_params(s_ptr, stride_sn, stride_sk, offs_n, 0, N, K, BLOCK_K, GROUP_K, GROUP_N)
+        s = decode_scales(s, SCALE_IS_CODE, S_IS_FLOAT, S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
+        acc = acc_i.to(tl.float32) * tl.reshape(s, (1, BLOCK_N)) * tl.load(xs_rows, mask=mask_m, other=0.0)
+    if X_SCALE_AFTER:
+        acc = acc * tl.load(xs_rows, mask=mask_m, other=0.0)
     return acc
 
 

@@ -65,8 +65,9 @@ def decode(c, BITS: tl.constexpr, IS_FLOAT: tl.constexpr, SIGNED: tl.constexpr, 
 
 @triton.jit
 def load_codes(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               BITS: tl.constexpr, EVEN_K: tl.constexpr):
-    """int32 codes [BLOCK_N, BLOCK_K] of weight rows offs_n, columns k0 .. k0 + BLOCK_K (0 outside)."""
+               BITS: tl.constexpr, EVEN_K: tl.constexpr, SIGNED: tl.constexpr = False):
+    """int32 codes [BLOCK_N, BLOCK_K] of weight rows offs_n, columns k0 .. k0 + BLOCK_K (0 outside); SIGNED
+    (BITS dividing 32): two's-complement codes, sign-extended."""
     mask_n = offs_n < N
     if 32 % BITS == 0:
         EPW: tl.constexpr = 32 // BITS  # codes per word; BLOCK_K is a multiple of it, k0 word aligned
@@ -77,7 +78,9 @@ def load_codes(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N: tl.constexpr, BLOCK_
             words = tl.load(ptrs, mask=mask_n[:, None], other=0)
         else:
             words = tl.load(ptrs, mask=mask_n[:, None] & (offs_w[None, :] < (K + EPW - 1) // EPW), other=0)
-        codes = tl.reshape(split_words(words.to(tl.uint32, bitcast=True), EPW, BITS), (BLOCK_N, BLOCK_K))
+        if not SIGNED:
+            words = words.to(tl.uint32, bitcast=True)
+        codes = tl.reshape(split_words(words, EPW, BITS), (BLOCK_N, BLOCK_K))
         codes = codes.to(tl.int32, bitcast=True)
         if not EVEN_K:
             codes = tl.where((k0 + tl.arange(0, BLOCK_K))[None, :] < K, codes, 0)
@@ -101,7 +104,11 @@ def load_codes(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N: tl.constexpr, BLOCK_
 
 @triton.jit
 def _code(words, FIRST: tl.constexpr, BITS: tl.constexpr):
-    return (words >> (FIRST * BITS)) & ((1 << BITS) - 1)
+    if words.dtype == tl.int32:  # signed codes: shifted to the top, then an arithmetic shift sign-extends them
+        c = (words << (32 - (FIRST + 1) * BITS)) >> (32 - BITS)
+    else:
+        c = (words >> (FIRST * BITS)) & ((1 << BITS) - 1)
+    return c
 
 
 # codes FIRST, FIRST + STEP, ... of each word on new trailing axes: (even-ranked, odd-ranked) joined, one
@@ -291,3 +298,33 @@ def load_int4_tile_16(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N: tl.constexpr,
     if not EVEN_K:
         v = tl.where((k0 + tl.arange(0, BLOCK_K))[None, :] < K, v, 0.0)
     return v
+
+
+@triton.jit
+def load_int_tile_8(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    EVEN_K: tl.constexpr, BITS: tl.constexpr):
+    """Signed int4 / int8 codes [BLOCK_N, BLOCK_K] of weight rows offs_n from column k0, as int8 values for an
+    int8 MMA (no scale, no zero point: the caller's POST_SCALE applies the group scale).  int8: the bytes as
+    they are; int4: each code sign-extended out of its word by two shifts (``load_codes(SIGNED=True)``).  This
+    replaces the fp32 round trip (I2F, then F2I back to int8: two quarter-rate conversions per element)."""
+    if BITS == 8:
+        offs_b = k0 + tl.arange(0, BLOCK_K)
+        ptrs = w_ptr.to(tl.pointer_type(tl.int8)) + offs_n[:, None].to(tl.int64) * (4 * stride_wn) + offs_b[None, :]
+        mask = offs_n[:, None] < N
+        if not EVEN_K:
+            mask = mask & (offs_b[None, :] < K)
+        v = tl.load(ptrs, mask=mask, other=0)
+    else:
+        v = load_codes(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N, BLOCK_K, BITS, EVEN_K, True).to(tl.int8)
+    return v
+
+
+@triton.jit
+def exact_i32_to_f32(v, EXACT: tl.constexpr):
+    """int32 -> float32 exactly.  EXACT (|v| <= 2^22, the caller's static bound): one integer add into the
+    mantissa of 1.5 * 2^23 and one float subtract, both full rate, instead of the quarter-rate I2F."""
+    if EXACT:
+        f = (v + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+    else:
+        f = v.to(tl.float32)
+    return f

@@ -9,6 +9,8 @@ default for a call that arrives without a config.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -80,6 +82,29 @@ def act_kind(act: ActQuant | None, block_m: int) -> int:
     if kind == 1 and block_m >= 64:
         return 5
     return kind + (kind == 3 and str(act.scale_dtype) == "e4m3fn")
+
+
+# Opt-in until timed on the H200: the integer-decode tile loops (ACT_KIND 7: int8 x with signed int4 / int8
+# weights unpacked by integer ops and exact int32 -> fp32 conversion; 8: e4m3 x with signed int4 weights decoded
+# to bf16 by packed instructions) instead of decoding the weight through fp32 (ACT_KIND 2 / 5).
+# HT_INT_DECODE_ACT=1 turns it on for a process (the tuner's run on the device).
+INT_DECODE_ACT = os.environ.get("HT_INT_DECODE_ACT") == "1"
+INT_DECODE_ACT_GROUPED = False  # the same for the grouped (MoE) tile loop, timed separately
+SCALED_KINDS = (1, 2, 5, 7, 8, 9)  # the tile loops that multiply fp32 activation scales into partial products
+
+
+def int_decode_kind(kind: int, fmt: dict, post: bool, k: int, act: ActQuant, grouped: bool = False) -> int:
+    """The integer-decode variant of a quantized-activation ACT_KIND where the weight allows it (signed int4 /
+    int8 codes without zero points, one scale per K tile) and ``INT_DECODE_ACT`` is on, else ``kind``: 9 where
+    both scales are one per row (weight channel, activation token), so int32 sums span all of K."""
+    signed_int = not fmt["W_IS_FLOAT"] and fmt["W_SIGNED"] and fmt["ZERO_KIND"] == 0 and post
+    if not (INT_DECODE_ACT_GROUPED if grouped else INT_DECODE_ACT) or not signed_int:
+        return kind
+    if kind == 2 and fmt["BITS"] in (4, 8):
+        return 9 if fmt["GROUP_K"] >= k and fmt["GROUP_N"] == 1 and not act.group_k else 7
+    if kind == 5 and fmt["BITS"] == 4:
+        return 8
+    return kind
 
 
 def check_act_group(spec: ActQuant, k: int) -> None:
@@ -315,7 +340,8 @@ def act_constexprs(fmt: dict, call: Call, cfg: KernelConfig, has_bias: bool) -> 
     kind = act_kind(act, cfg.block_m)
     fmt = launch_format(fmt, call.k, cfg.block_k)
     post = post_scale(fmt, cfg.block_k)
-    if not post and kind in (1, 2, 5):
+    kind = int_decode_kind(kind, fmt, post, call.k, act)
+    if not post and kind in SCALED_KINDS:
         raise ValueError(f"the quantized-activation path needs BLOCK_K ({cfg.block_k}) to divide the "
                          f"weight group ({fmt['GROUP_K']}) of {call.scheme.name}")
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
@@ -350,7 +376,7 @@ def act_linear(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: torch.T
     (w, s, z, g), strides = weight_args(qw)
     split = cfg.split_k
     y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x.device)
-    q = triton_quantize_activation(x2, act, qw.input_scale, scale_values=consts["ACT_KIND"] in (1, 2, 5))
+    q = triton_quantize_activation(x2, act, qw.input_scale, scale_values=consts["ACT_KIND"] in SCALED_KINDS)
     if q.global_scale is not None:  # NV activations: both global scales multiply the accumulator once
         g = q.global_scale * qw.global_scale if qw.global_scale is not None else q.global_scale.reshape(1)
     b = bias if bias is not None else y

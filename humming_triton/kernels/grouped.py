@@ -9,8 +9,8 @@ from ..calls import KernelConfig, interpreting
 from ..formats.weight import QuantWeight
 from . import configs
 from ._grouped_tiled import grouped_tiled_kernel
-from .dense import (PER_TOKEN, _format, _launch_format, act_block_k, act_kind, check_act_group, split_buffers,
-                    triton_quantize_activation)
+from .dense import (PER_TOKEN, SCALED_KINDS, _format, _launch_format, act_block_k, act_kind, check_act_group,
+                    int_decode_kind, split_buffers, triton_quantize_activation)
 from .families import packed_int4
 from .launch import post_scale
 
@@ -54,7 +54,8 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
     post = post_scale(fmt, bk)
     if kind == 0 and packed_int4(fmt, post, x.dtype):
         kind = 6  # signed int4 with a scale per tile: the packed decode (_dense_tiled.tile_matmul)
-    if kind in (1, 2, 5) and not post:
+    kind = int_decode_kind(kind, fmt, post, k, act, grouped=True) if act is not None else kind
+    if kind in SCALED_KINDS and not post:
         raise ValueError(f"the quantized-activation path needs BLOCK_K ({bk}) to divide the weight group "
                          f"({fmt['GROUP_K']}) of {qw.scheme.name}")
     offsets = offsets.to(device=x.device, dtype=torch.int64)
@@ -66,7 +67,7 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
     gscale, stride_ge, has_global = qw.global_scale, 1, fmt["HAS_GLOBAL"]
     xs, stride_xsm, act_group = x, 0, 1
     if act is not None:  # quantize the rows once (the reference quantizes the whole x too), then tile on codes
-        q = triton_quantize_activation(x, act, qw.input_scale, scale_values=kind in (1, 2, 5))
+        q = triton_quantize_activation(x, act, qw.input_scale, scale_values=kind in SCALED_KINDS)
         x, xs, stride_xsm, act_group = q.codes, q.scales, q.scales.stride(0), act.group_k or PER_TOKEN
         if q.global_scale is not None:  # NV activations: both global scales multiply the accumulator once
             gscale = q.global_scale * qw.global_scale if has_global else q.global_scale.reshape(1)

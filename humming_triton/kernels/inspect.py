@@ -65,7 +65,7 @@ def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: st
     """The same report for the grouped (MoE) kernel with the tiles its launcher picks for ``rows`` routed rows
     (``act_order``: experts with a K permutation, gathered in the kernel)."""
     from ._grouped_tiled import grouped_tiled_kernel
-    from .dense import act_block_k, act_kind
+    from .dense import act_block_k, act_kind, int_decode_kind
     from .launch import post_scale
     s = QuantScheme.parse(scheme)
     block_m, block_n, block_k = configs.grouped_tiles(rows, experts, s.bits, s.zero != "none")
@@ -77,6 +77,7 @@ def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: st
     if fmt["GROUP_K"] >= k:
         fmt["GROUP_K"] = max(k, block_k)
     post = post_scale(fmt, block_k)
+    kind = int_decode_kind(kind, fmt, post, k, s.act, grouped=True) if s.act is not None else kind
     consts = dict(E_POW2=triton.next_power_of_2(experts), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=1,
                   POST_SCALE=post, DOT_F32=False, EVEN_K=k % block_k == 0, HAS_BIAS=False, HAS_PERM=act_order,
                   ACT_KIND=kind,

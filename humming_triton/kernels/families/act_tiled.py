@@ -31,10 +31,12 @@ class ActTiled(Family):
             out += [C("act_tiled", 16, 128, 128, base.split_k, 8, 4, 3), C("act_tiled", 16, 64, 128, 1, 8, 4, 4),
                     C("act_tiled", 64, 64, 128, base.split_k, 8, 4, 3)]  # 64 rows: the bf16-MMA e4m3 variant
         elif bm <= 64:
-            out += [C("act_tiled", bm, 128, 64, base.split_k, 8, 4, 3), C("act_tiled", bm, 64, 64, 1, 8, 4, 4)]
-        else:
+            out += [C("act_tiled", bm, 128, 64, base.split_k, 8, 4, 3), C("act_tiled", bm, 64, 64, 1, 8, 4, 4),
+                    C("act_tiled", 64, 128, 128, 1, 8, 4, 3)]
+        else:  # 128-wide K tiles: one per group of g128 weights; the int32-accumulating loop (ACT_KIND 9) fits them
             out += [C("act_tiled", 128, 64, 64, 1, 8, 4, 4), C("act_tiled", 64, 128, 64, 1, 8, 4, 4),
-                    C("act_tiled", 128, 256, 64, 1, 8, 8, 3)]
+                    C("act_tiled", 128, 256, 64, 1, 8, 8, 3), C("act_tiled", 128, 128, 128, 1, 8, 8, 3),
+                    C("act_tiled", 128, 256, 128, 1, 8, 8, 3)]
         return list(dict.fromkeys(out))
 
     def run(self, x, x2, qw, bias, out_dtype, cfg, out):
