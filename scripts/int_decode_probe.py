@@ -1,4 +1,4 @@
-"""A/B of the quantized-activation tile loop's weight decode (``dense.INT_DECODE_ACT``): the integer / packed
+"""A/B of the quantized-activation tile loop's weight decode (``dense.INT_DECODE_ACT``, ``PACKED_E4M3_ACT``): the integer / packed
 decode kinds (7, 8, 9) against the fp32 round trip (2, 5), the same configs in the same run, with the table's
 current pick (``auto``) beside them.  Each new output is checked against the old one of the same config (both are
 fp32 sums of the same exact products).  GPU only.
@@ -30,6 +30,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     torch.manual_seed(0)
+    defaults = dense.INT_DECODE_ACT, dense.PACKED_E4M3_ACT  # "auto" runs the library's defaults
     rows = []
     for scheme in args.schemes.split(","):
         qw = ht.quantize_weight(torch.randn(args.n, args.k), scheme).to("cuda")
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
                 row = dict(scheme=scheme, m=m, config=cfg.to_json(), auto_us=auto, auto_plan=str(plan))
                 outs = {}
                 for flag in (False, True):
-                    dense.INT_DECODE_ACT = flag
+                    dense.INT_DECODE_ACT = dense.PACKED_E4M3_ACT = flag
                     out = torch.empty(m, args.n, device="cuda", dtype=torch.bfloat16)
                     try:
                         dense.triton_linear(x, qw, config=cfg, out=out)
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
                             lambda: dense.triton_linear(x, qw, config=cfg, out=out), budget_s=0.1)["us"]
                     except Exception as e:  # noqa: BLE001 -- a config the kernel cannot take: record why
                         row["new_err" if flag else "old_err"] = f"{type(e).__name__}: {str(e)[:200]}"
-                dense.INT_DECODE_ACT = False
+                dense.INT_DECODE_ACT, dense.PACKED_E4M3_ACT = defaults
                 if len(outs) == 2:
                     a, b = outs[False], outs[True]
                     row["rel_diff"] = ((a - b).norm() / a.norm().clamp_min(1e-30)).item()

@@ -151,17 +151,21 @@ INT_DECODE_CASES = [("w4a8-int8", 20, 384, 7), ("w8a8-int8", 70, 256, 9),
 @pytest.mark.interpret
 @pytest.mark.parametrize("scheme,m,k,kind", INT_DECODE_CASES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_integer_decode_tile_loops(scheme, m, k, kind, dtype, monkeypatch, rng):
-    """ACT_KIND 7 / 8 (dense.INT_DECODE_ACT): the weight decoded by integer / packed operations instead of
-    through fp32, against the reference on the kernel's own activation codes; the launcher must pick the kind."""
+@pytest.mark.parametrize("decode", [True, False], ids=["int_decode", "fp32_decode"])
+def test_integer_decode_tile_loops(scheme, m, k, kind, dtype, decode, monkeypatch, rng):
+    """ACT_KIND 7 / 8 / 9 (dense.INT_DECODE_ACT, PACKED_E4M3_ACT): the weight decoded by integer / packed
+    operations instead of through fp32 (flags off: ACT_KIND 2 / 5, the fp32 decode), against the reference on the
+    kernel's own activation codes; the launcher must pick the kind."""
     from humming_triton.calls import Call
     from humming_triton.kernels import dense
-    monkeypatch.setattr(dense, "INT_DECODE_ACT", True)
+    from humming_triton.kernels.format_args import format_constexprs
+    monkeypatch.setattr(dense, "INT_DECODE_ACT", decode)
+    monkeypatch.setattr(dense, "PACKED_E4M3_ACT", decode)
     cfg = configs.KernelConfig("act_tiled", 64, 32, 64, 1, 8, 4, 2)
     call = Call("quant_linear", ht.QuantScheme.parse(scheme), dtype, m, 24, k)
-    from humming_triton.kernels.format_args import format_constexprs
     fmt = format_constexprs(call.scheme, 24, k)
-    assert dense.act_constexprs(fmt, call, dense.fitted(cfg, call), False)["ACT_KIND"] == kind
+    want = kind if decode else {7: 2, 9: 2, 8: 5}[kind]
+    assert dense.act_constexprs(fmt, call, dense.fitted(cfg, call), False)["ACT_KIND"] == want
     _gemm_case(scheme, m, 24, k, dtype, rng, config=cfg)
 
 
@@ -172,6 +176,7 @@ def test_integer_decode_tile_loops_on_gpu(scheme, m, k, kind, cfg, monkeypatch, 
     """The same on the H200 (wgmma) with the probe's tile shapes, N = 1000 (partial weight tiles), bf16."""
     from humming_triton.kernels import dense
     monkeypatch.setattr(dense, "INT_DECODE_ACT", True)
+    monkeypatch.setattr(dense, "PACKED_E4M3_ACT", True)
     bm, bn, bk, warps, stages = cfg
     _gemm_case(scheme, 4 * m, 1000, 2 * k, torch.bfloat16, rng, device="cuda",
                config=configs.KernelConfig("act_tiled", bm, bn, bk, 1, 8, warps, stages))

@@ -84,25 +84,29 @@ def act_kind(act: ActQuant | None, block_m: int) -> int:
     return kind + (kind == 3 and str(act.scale_dtype) == "e4m3fn")
 
 
-# Opt-in until timed on the H200: the integer-decode tile loops (ACT_KIND 7: int8 x with signed int4 / int8
-# weights unpacked by integer ops and exact int32 -> fp32 conversion; 8: e4m3 x with signed int4 weights decoded
-# to bf16 by packed instructions) instead of decoding the weight through fp32 (ACT_KIND 2 / 5).
-# HT_INT_DECODE_ACT=1 turns it on for a process (the tuner's run on the device).
-INT_DECODE_ACT = os.environ.get("HT_INT_DECODE_ACT") == "1"
-INT_DECODE_ACT_GROUPED = False  # the same for the grouped (MoE) tile loop, timed separately
+# The integer-decode tile loops (ACT_KIND 7: int8 x with signed int4 / int8 weights unpacked by integer ops and
+# an exact int32 -> fp32 conversion; 9: the same with int32 sums over all of K where both scales are one per row)
+# instead of decoding the weight through fp32 (ACT_KIND 2).  On: same-run A/B on the H200 at 6ad45fb, 1.2-1.5x
+# (W4A8-INT8) and 2-8x (W8A8-INT8) faster in every config timed (act/int_decode_probe_6ad45fb.txt).
+INT_DECODE_ACT = os.environ.get("HT_INT_DECODE_ACT", "1") == "1"
+# ACT_KIND 8 (e4m3 x with signed int4 weights decoded to bf16 by packed instructions, instead of ACT_KIND 5's fp32
+# decode): opt-in -- the same A/B measured it mixed (0.95-1.2x) and never the table's pick.
+PACKED_E4M3_ACT = os.environ.get("HT_PACKED_E4M3_ACT") == "1"
+INT_DECODE_ACT_GROUPED = False  # the grouped (MoE) tile loop keeps ACT_KIND 2 / 5 until it is timed there
 SCALED_KINDS = (1, 2, 5, 7, 8, 9)  # the tile loops that multiply fp32 activation scales into partial products
 
 
 def int_decode_kind(kind: int, fmt: dict, post: bool, k: int, act: ActQuant, grouped: bool = False) -> int:
     """The integer-decode variant of a quantized-activation ACT_KIND where the weight allows it (signed int4 /
-    int8 codes without zero points, one scale per K tile) and ``INT_DECODE_ACT`` is on, else ``kind``: 9 where
-    both scales are one per row (weight channel, activation token), so int32 sums span all of K."""
+    int8 codes without zero points, one scale per K tile) and its flag is on, else ``kind``: 7 / 9 for int8 x
+    (``INT_DECODE_ACT``; 9 where both scales are one per row -- weight channel, activation token -- so the int32
+    sums span all of K), 8 for e4m3 x on the bf16 MMA (``PACKED_E4M3_ACT``)."""
     signed_int = not fmt["W_IS_FLOAT"] and fmt["W_SIGNED"] and fmt["ZERO_KIND"] == 0 and post
-    if not (INT_DECODE_ACT_GROUPED if grouped else INT_DECODE_ACT) or not signed_int:
+    if grouped and not INT_DECODE_ACT_GROUPED or not signed_int:
         return kind
-    if kind == 2 and fmt["BITS"] in (4, 8):
+    if kind == 2 and fmt["BITS"] in (4, 8) and INT_DECODE_ACT:
         return 9 if fmt["GROUP_K"] >= k and fmt["GROUP_N"] == 1 and not act.group_k else 7
-    if kind == 5 and fmt["BITS"] == 4:
+    if kind == 5 and fmt["BITS"] == 4 and PACKED_E4M3_ACT:
         return 8
     return kind
 
