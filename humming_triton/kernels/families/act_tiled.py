@@ -36,7 +36,9 @@ class ActTiled(Family):
         else:  # 128-wide K tiles: one per group of g128 weights; the int32-accumulating loop (ACT_KIND 9) fits them
             out += [C("act_tiled", 128, 64, 64, 1, 8, 4, 4), C("act_tiled", 64, 128, 64, 1, 8, 4, 4),
                     C("act_tiled", 128, 256, 64, 1, 8, 8, 3), C("act_tiled", 128, 128, 128, 1, 8, 8, 3),
-                    C("act_tiled", 128, 256, 128, 1, 8, 8, 3)]
+                    C("act_tiled", 128, 256, 128, 1, 8, 8, 3), C("act_tiled", 64, 128, 128, 1, 8, 4, 3),
+                    C("act_tiled", 64, 128, 128, 1, 8, 4, 4), C("act_tiled", 64, 256, 128, 1, 8, 8, 3),
+                    C("act_tiled", 128, 64, 128, 1, 8, 4, 3)]
         return list(dict.fromkeys(out))
 
     def run(self, x, x2, qw, bias, out_dtype, cfg, out):
