@@ -25,7 +25,7 @@ from humming_triton.dispatch import call_for  # noqa: E402
 # one scheme per decode family of the weight (int4 sym / asym, int8, e2m1 MX / NV, fp8 weights) and the
 # activation-quantized kinds (fp8, int8, MX, NV): every family's domain holds at least one of them
 SCHEMES = ["w4a16", "w4a16-asym", "w8a16", "mxfp4", "nvfp4", "w8a16-fp8", "w8a8-fp8", "w8a8-fp8-block", "w8a8-int8",
-           "w4a8-fp8", "w4a8-mxfp4", "w4a4-nvfp4"]
+           "w4a8-int8", "w4a8-fp8", "w4a8-mxfp4", "w4a4-nvfp4"]
 # N, K, M; the last: the cuBLASLt block-scaled / int8 families' domain (N % 128, K % 512; M = 7 pads to 8, M = 33 > 16)
 DENSE = [(200, 384, 1), (200, 384, 7), (136, 1024, 33), (256, 1024, 7), (256, 1024, 33)]
 FAMILIES: list[str] = []  # --families: only these (dense), empty for all
