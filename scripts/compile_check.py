@@ -141,7 +141,7 @@ def load_capability():
 
 # the tile loop's ACT_KIND on activation codes (x_ptr *u8) -> their element type (kernels/dense.py: act_kind);
 # 16-bit activations (ACT_KIND 0, or 6: the packed-int4 weight decode) are told apart by x_ptr's type instead
-_ACT_KIND_DTYPE = {1: "e4m3fn", 5: "e4m3fn", 2: "int8", 3: "e2m1", 4: "e2m1"}
+_ACT_KIND_DTYPE = {1: "e4m3fn", 5: "e4m3fn", 8: "e4m3fn", 2: "int8", 7: "int8", 9: "int8", 3: "e2m1", 4: "e2m1"}
 # kernel -> the constexpr that is the M side of its MMA (the wgmma check); swap-AB puts the weight's N there
 MMA_M_SIDE = {"dense_tiled_kernel": "BLOCK_M", "grouped_tiled_kernel": "BLOCK_M", "dense_swapab_kernel": "BLOCK_N"}
 # kernels built on tl.dot_scaled (kernels/_dense_scaled.py): "block_scaled" (SM 10.0+); below it Triton would emulate
