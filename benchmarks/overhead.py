@@ -1,16 +1,19 @@
-"""Host-side cost of one quantized linear call, per path: ``python3 -m benchmarks.overhead``.
+"""Host-side cost of one quantized linear call, per path: ``python3 -m benchmarks.overhead [--out FILE.json]``.
 
 Decode steps are short (tens of µs of GPU work per layer), so the CPU time to get a kernel launched decides
 eager and torch.compile speed unless the step is replayed as a CUDA graph.  For one W4A16 4096x4096 layer at
-M = 1 this prints the CPU µs per call (no sync inside the timed loop) of: the raw Triton launcher, ``ht.quant_linear``,
-the ``QuantLinear`` module in eager inference (the op's body run directly) and through ``torch.ops`` (the
-custom-op layer compile and autograd use), again with the compiled-kernel replay
-(``HUMMING_TRITON_LAUNCH_REPLAY=1``), and the module under ``torch.compile(fullgraph=True)``; the GPU µs of
-one call (CUDA-graph replay); whether the compiled path rebuilt QuantWeights or recompiled; and the top host
-ops of a profiled compiled call.
+M = 1 this prints the CPU µs per call (no sync inside the timed loop), all in one run: bf16 ``F.linear`` and the
+``nn.Linear`` module (the baselines); ``ht.quant_linear`` and the ``QuantLinear`` module in eager inference with
+call plans (humming_triton/plans.py, the default) and without (every call the full path); the module's custom
+ops (``quant_linear`` with its autograd layer, ``quant_linear_nograd``); a ``backend="triton"`` module with Triton's
+compiled-kernel replay (the default) and through Triton's launcher (``HUMMING_TRITON_LAUNCH_REPLAY=0``); both
+modules under ``torch.compile(fullgraph=True)``; the GPU µs of one call (CUDA-graph replay); whether the compiled
+path rebuilt QuantWeights or recompiled; and profiles of the compiled and the eager call.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
 import time
@@ -18,7 +21,7 @@ import time
 import torch
 
 import humming_triton as ht
-from humming_triton import ops
+from humming_triton import ops, plans
 
 
 def _cpu_us(fn, reps: int = 300) -> float:
@@ -33,14 +36,25 @@ def _cpu_us(fn, reps: int = 300) -> float:
     return (t1 - t0) / reps * 1e6
 
 
-def main() -> int:
+def _fresh(mod) -> None:
+    """Forget a module's planned calls and cached Triton launches (the next call plans again)."""
+    for w in (mod.quant_weight, getattr(mod.quant_weight.data, ops._CACHE_ATTR, (None, None))[1]):
+        if w is not None:
+            w.cache.pop("plans", None)
+            w.cache.get("triton", {}).pop("launches", None)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="also write the rows as JSON here")
+    args_ = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks.overhead needs a CUDA GPU", file=sys.stderr)
         return 2
-    from humming_triton.kernels.dense import triton_linear
     torch.manual_seed(0)
     lin = torch.nn.Linear(4096, 4096, bias=False, device="cuda", dtype=torch.bfloat16)
     mod = ht.QuantLinear.from_linear(lin, "w4a16").eval()
+    tmod = ht.QuantLinear.from_linear(lin, "w4a16", backend="triton").eval()
     qw = mod.quant_weight
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     builds = [0]
@@ -53,24 +67,31 @@ def main() -> int:
     rows = {}
     with torch.no_grad():
         rows["bf16 F.linear (cuBLAS)"] = _cpu_us(lambda: torch.nn.functional.linear(x, lin.weight))
-        rows["triton_linear (launcher)"] = _cpu_us(lambda: triton_linear(x, qw))
-        rows["ht.quant_linear"] = _cpu_us(lambda: ht.quant_linear(x, qw))
-        rows["QuantLinear (eager)"] = _cpu_us(lambda: mod(x))  # inference: the op's body, run directly
-        args = mod._weight_args("weight", None)
-        rows["QuantLinear via torch.ops"] = _cpu_us(
-            lambda: torch.ops.humming_triton.quant_linear(x, *args, mod.bias, mod.backend, None))
-        # the same, with Triton's compiled kernel replayed directly (HUMMING_TRITON_LAUNCH_REPLAY=1; fresh plans)
-        os.environ["HUMMING_TRITON_LAUNCH_REPLAY"] = "1"
+        rows["bf16 nn.Linear (module)"] = _cpu_us(lambda: lin(x))
+        plans.ENABLED = False
         try:
-            cached = (qw, getattr(mod.quant_weight.data, ops._CACHE_ATTR, (None, qw))[1])  # the op's QuantWeight
-            for w in cached:
-                w.cache.get("triton", {}).pop("launches", None)
-            rows["triton_linear (replay)"] = _cpu_us(lambda: triton_linear(x, qw))
-            rows["QuantLinear (eager, replay)"] = _cpu_us(lambda: mod(x))
+            rows["ht.quant_linear (full path)"] = _cpu_us(lambda: ht.quant_linear(x, qw))
+            rows["QuantLinear eager (full path)"] = _cpu_us(lambda: mod(x))
+        finally:
+            plans.ENABLED = True
+        rows["ht.quant_linear (planned)"] = _cpu_us(lambda: ht.quant_linear(x, qw))
+        rows["QuantLinear eager (planned)"] = _cpu_us(lambda: mod(x))
+        args = mod._weight_args("weight", None)
+        rows["torch.ops quant_linear"] = _cpu_us(
+            lambda: torch.ops.humming_triton.quant_linear(x, *args, mod.bias, mod.backend, None))
+        rows["torch.ops quant_linear_nograd"] = _cpu_us(
+            lambda: torch.ops.humming_triton.quant_linear_nograd(x, *args, mod.bias, mod.backend, None))
+        rows["QuantLinear triton eager (replay)"] = _cpu_us(lambda: tmod(x))
+        os.environ["HUMMING_TRITON_LAUNCH_REPLAY"] = "0"  # Triton's launcher binds every argument per call
+        _fresh(tmod)
+        try:
+            rows["QuantLinear triton eager (launcher)"] = _cpu_us(lambda: tmod(x))
         finally:
             os.environ.pop("HUMMING_TRITON_LAUNCH_REPLAY")
-            for w in cached:
-                w.cache.get("triton", {}).pop("launches", None)
+            _fresh(tmod)
+        compiled_lin = torch.compile(lin, fullgraph=True)
+        compiled_lin(x)
+        rows["bf16 nn.Linear compiled"] = _cpu_us(lambda: compiled_lin(x))
         compiled = torch.compile(mod, fullgraph=True)
         compiled(x)
         torch._dynamo.utils.counters.clear()
@@ -90,10 +111,19 @@ def main() -> int:
         end.record()
         torch.cuda.synchronize()
         gpu_us = start.elapsed_time(end) / 100 * 1e3
+    print(f"path: {ht.dispatch.last_plan()}")
     for name, us in rows.items():
         print(f"{name:28s} {us:8.1f} µs CPU per call")
     print(f"{'GPU time (graph replay)':28s} {gpu_us:8.1f} µs")
+    eager_ratio = rows["QuantLinear eager (planned)"] / rows["bf16 nn.Linear (module)"]
+    compiled_ratio = rows["QuantLinear compiled"] / rows["bf16 nn.Linear compiled"]
+    print(f"QuantLinear / nn.Linear host time: eager {eager_ratio:.2f}x, compiled {compiled_ratio:.2f}x")
     print(f"compiled calls: QuantWeight rebuilds {builds[0]}, dynamo counters {dict(torch._dynamo.utils.counters)}")
+    if args_.out:
+        with open(args_.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows_us": rows,
+                       "gpu_us": gpu_us, "path": ht.dispatch.last_plan(), "eager_ratio": eager_ratio,
+                       "compiled_ratio": compiled_ratio, "quantweight_rebuilds": builds[0]}, f, indent=1)
     with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(20):
             compiled(x)

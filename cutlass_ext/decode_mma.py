@@ -17,7 +17,7 @@ import torch
 
 from .native import DecodeCall, check, current_stream, library
 
-__all__ = ["Packed", "weight_reason", "repack", "repack_experts", "run", "run_grouped", "emulate", "CHUNK", "MAX_M"]
+__all__ = ["Packed", "weight_reason", "repack", "repack_experts", "run", "runner", "run_grouped", "emulate", "CHUNK", "MAX_M"]
 
 CHUNK = 64      # K per 16-byte load of int4 codes (one 64-wide chunk: four k16 mma steps)
 MAX_M = 16      # two n-tiles of 8 tokens
@@ -347,6 +347,40 @@ def run(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None, out: torch.Tenso
         raise ValueError("a stacked (expert) view runs through run_grouped")
     _check(x2, out, kw, tw, row_scales, act_scales, p)
     return _launch(x2, p, bias, out, kw, tw, unroll, m, out_scale, row_scales=row_scales, act_scales=act_scales)
+
+
+def runner(p: Packed, dtype: torch.dtype, device: torch.device, m: int, bias: torch.Tensor | None,
+           out_dtype: torch.dtype, shape: tuple, kw: int, tw: int, unroll: int):
+    """``run`` bound to one call signature, for a call plan (``humming_triton.plans``): ``(x, bias) -> y`` for a
+    contiguous ``x`` of ``m`` rows of K in ``dtype`` and a bias like ``bias`` (same dtype, or None as it is None);
+    per call only the output of ``shape``, the pointers and the launch.  The runner returns None for an ``x`` whose
+    data is not 16-byte aligned (the full path copies it).  None: no lean form for this signature."""
+    if p.experts or not 1 <= m <= MAX_M or out_dtype not in _OUT_DTYPES or 32 * kw * tw > MAX_THREADS or \
+            dtype not in _DTYPES or (bias is not None and bias.dtype not in _OUT_DTYPES) or p.k % 8:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    template = DecodeCall.from_buffer_copy(_call_template(
+        p, index, dtype, None if bias is None else bias.dtype, out_dtype, kw, tw, unroll, m, 1.0, False))
+    template.ldx, template.ldy = p.k, p.n
+    launch, copy, by_ref = library().ht_decode_mma, DecodeCall.from_buffer_copy, ctypes.byref
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    stream = (lambda: raw_stream(index)) if raw_stream is not None else (lambda: current_stream(device))  # noqa: E731
+
+    def run_planned(x: torch.Tensor, bias: torch.Tensor | None):
+        ptr = x.data_ptr()
+        if ptr % 16 or not x.is_contiguous():
+            return None
+        y = torch.empty(shape, dtype=out_dtype, device=device)
+        call = copy(template)  # a copy per call: ctypes releases the GIL during the call
+        call.x, call.y, call.stream = ptr, y.data_ptr(), stream()
+        if bias is not None:
+            call.bias = bias.data_ptr()
+        err = launch(by_ref(call))
+        if err:
+            check(err, "the native decode kernel")
+        return y
+    run_planned.packed = p  # the template points into it: held as long as the runner is
+    return run_planned
 
 
 def run_grouped(x2: torch.Tensor, p: Packed, offsets: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,

@@ -210,8 +210,8 @@ def _decide(call: Call, x: torch.Tensor, backend: str, more: tuple) -> tuple[str
         why, scheme = _reasons(call, backend, more)
         if why:
             raise RuntimeError(f"backend={backend!r} cannot run {call.op} for scheme {scheme}: {why}")
-        if call.op == "fused_moe":
-            return backend, None
+        if call.op == "fused_moe":  # named: its grouped GEMMs run on this backend too (auto's get None)
+            return backend, Candidate(backend, "fused_moe")
         cand = _measured_choice(call, measured_table(call.facts.slug), backend) or backends.get(backend).default(call)
         return backend, cand
     if not (x.is_cuda or interpreting()):

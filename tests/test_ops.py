@@ -25,6 +25,33 @@ def test_quant_linear_op(preset, rng):
     torch.library.opcheck(torch.ops.humming_triton.quant_linear.default, args)
     torch.testing.assert_close(ops.quant_linear_op(*args), ht.quant_linear(x, qw, bias, backend="reference"),
                                rtol=0, atol=0)
+    # the inference twin (no autograd layer): same schema checks, same result
+    torch.library.opcheck(torch.ops.humming_triton.quant_linear_nograd.default, args,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+    torch.testing.assert_close(ops.quant_linear_nograd_op(*args), ops.quant_linear_op(*args), rtol=0, atol=0)
+
+
+def test_compiled_module_calls_the_nograd_op_without_grad_and_the_differentiable_one_with(rng):
+    """QuantLinear under torch.compile: inference graphs call quant_linear_nograd (no Python autograd layer per
+    call), a graph that needs the activation's gradient calls quant_linear -- and gets it."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    mod = QuantLinear(_qw(rng, (32, 128), "w4a16"), backend="reference")
+    x = torch.randn(3, 128, generator=rng)
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm
+    compiled = torch.compile(mod, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        y = compiled(x)
+    assert any("quant_linear_nograd" in t for t in seen[-1]), seen[-1]
+    xg = x.clone().requires_grad_(True)
+    compiled(xg).sum().backward()
+    assert any(t.startswith("humming_triton.quant_linear") and "nograd" not in t for t in seen[-1]), seen[-1]
+    torch.testing.assert_close(y, mod(x), rtol=0, atol=0)
+    w = ht.dequantize_weight(mod.quant_weight)
+    torch.testing.assert_close(xg.grad, torch.ones(3, 32) @ w, rtol=1e-5, atol=1e-5)
 
 
 def test_quant_linear_op_out_dtype(rng):
@@ -56,6 +83,9 @@ def test_fused_moe_op(activation, preset, rng):
     torch.library.opcheck(torch.ops.humming_triton.fused_moe.default, args)
     want = ht.fused_moe(hidden, w13, w2, wts, ids, activation, backend="reference")
     torch.testing.assert_close(ops.fused_moe_op(*args), want, rtol=0, atol=0)
+    torch.library.opcheck(torch.ops.humming_triton.fused_moe_nograd.default, args,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+    torch.testing.assert_close(ops.fused_moe_nograd_op(*args), want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("spec", ["e4m3fn/fp32:token", "e4m3fn/fp32:g128", "e2m1/e4m3fn:g16+global",

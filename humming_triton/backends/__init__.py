@@ -37,6 +37,11 @@ class Backend:
     def quant_linear(self, x, qw, bias, out_dtype, cand: Candidate | None):
         raise NotImplementedError
 
+    def plan_linear(self, x, qw, bias, out_dtype, cand: Candidate | None):
+        """A runner ``(x, bias) -> y or None`` for repeats of this quant_linear call's signature (plans.py), made
+        right after the call ran; None: repeats take the full path."""
+        return None
+
     def grouped_linear(self, x, qw, offsets, bias, out_dtype, cand: Candidate | None):
         raise NotImplementedError
 

@@ -60,6 +60,12 @@ class FamilyBackend(Backend):
         x, qw = stored_k_order(x, qw)
         return triton_linear(x, qw, bias, out_dtype, config=config_of(cand))
 
+    def plan_linear(self, x, qw, bias, out_dtype, cand):
+        if qw.k_perm is not None:  # the per-call gather of x stays on the full path
+            return None
+        from ..kernels.dense import linear_runner
+        return linear_runner(x, qw, bias, out_dtype, config_of(cand))
+
     @staticmethod
     def family(cand: Candidate):
         from ..kernels import families

@@ -58,7 +58,10 @@ class TritonBackend(FamilyBackend):
 
     def fused_moe(self, hidden, w13, w2, topk_weights, topk_ids, activation, cand):
         from ..kernels.moe import triton_fused_moe
-        return triton_fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation)
+        # dispatch passes a candidate only where the caller named this backend; under ``auto`` each grouped GEMM
+        # runs what the measured table says is fastest for it
+        return triton_fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation,
+                                "auto" if cand is None else self.name)
 
 
 register(TritonBackend())

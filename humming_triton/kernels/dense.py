@@ -233,7 +233,23 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
         x2 = x2.contiguous()
     m = x2.shape[0]
     bias = qw.bias if bias is None else bias
-    key = (m, x2.dtype, out_dtype, x2.device, x2.stride(0), _alignment(x2), _alignment(bias),
+    launch = _launch_for(x2, qw, bias, out_dtype, config, out)
+    if isinstance(launch, tuple):
+        fam, cfg = launch
+        y = fam.run(x, x2, qw, bias, out_dtype, cfg, out)
+        return y.reshape(*x.shape[:-1], n)
+    y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x.device)
+    if m:
+        ws, cnt = split_buffers(launch.split, m, n, launch.tiles, x.device)
+        launch(x2, y, bias if bias is not None else y, ws, cnt)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def _launch_for(x2: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None, out_dtype: torch.dtype,
+                config: KernelConfig | None, out: torch.Tensor | None):
+    """The cached launch of this call signature: a ``Launch`` (one spec-planned Triton kernel), or the
+    ``(family, config)`` of a multi-step family."""
+    key = (x2.shape[0], x2.dtype, out_dtype, x2.device, x2.stride(0), _alignment(x2), _alignment(bias),
            None if bias is None else bias.dtype, None if out is None else (out.stride(0), _alignment(out)), config,
            qw.data.data_ptr(), qw.scales.data_ptr(), None if qw.zeros is None else qw.zeros.data_ptr(),
            None if qw.global_scale is None else qw.global_scale.data_ptr())
@@ -244,19 +260,49 @@ def triton_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = 
         cfg = config or default_config(call, device_facts(x2.device)[1])
         fam = families.get(cfg.family)
         # multi-step families (quantized activations, dequantize + cuBLAS): their family is what gets cached
-        launch = _plan(x2, qw, bias, call, fam, cfg, out.stride(0) if out is not None else n) or (fam, cfg)
+        launch = _plan(x2, qw, bias, call, fam, cfg, out.stride(0) if out is not None else qw.N) or (fam, cfg)
         if len(launches) >= 64:  # bounded: a server sees a handful of M values per weight
             launches.clear()
         launches[key] = launch
+    return launch
+
+
+def linear_runner(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None, out_dtype: torch.dtype | None,
+                  config: KernelConfig | None):
+    """The plan (``humming_triton.plans``) of a ``triton_linear`` call: the same launch, bound to this signature
+    -- a contiguous ``x`` of this shape, its data at this 16-byte alignment (what the kernel was specialised
+    on); any other ``x`` gets None back (the full path).  None: no plan (empty or strided x)."""
+    n, k = qw.N, qw.K
+    if not x.is_contiguous() or x.dim() < 1 or x.numel() == 0:
+        return None
+    out_dtype = out_dtype or x.dtype
+    x2 = x.reshape(-1, k)
+    m, wbias, dev, align = x2.shape[0], qw.bias, x.device, x.data_ptr() % 16
+    shape = (*x.shape[:-1], n)
+    launch = _launch_for(x2, qw, bias if bias is not None else wbias, out_dtype, config, None)
     if isinstance(launch, tuple):
         fam, cfg = launch
-        y = fam.run(x, x2, qw, bias, out_dtype, cfg, out)
-        return y.reshape(*x.shape[:-1], n)
-    y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x.device)
-    if m:
-        ws, cnt = split_buffers(launch.split, m, n, launch.tiles, x.device)
-        launch(x2, y, bias if bias is not None else y, ws, cnt)
-    return y.reshape(*x.shape[:-1], n)
+        lean = fam.runner(x2, qw, bias if bias is not None else wbias, out_dtype, cfg, shape)
+        if lean is not None:
+            if wbias is None:
+                return lean
+            return lambda x, bias: lean(x, bias if bias is not None else wbias)
+
+        def run_family(x, bias):
+            b = bias if bias is not None else wbias
+            return fam.run(x, x.reshape(m, k), qw, b, out_dtype, cfg, None).reshape(shape)
+        return run_family
+    split, tiles = launch.split, launch.tiles
+
+    def run(x, bias):
+        if x.data_ptr() % 16 != align or not x.is_contiguous():
+            return None
+        b = bias if bias is not None else wbias
+        y = torch.empty(shape, dtype=out_dtype, device=dev)
+        ws, cnt = split_buffers(split, m, n, tiles, dev)
+        launch(x, y, b if b is not None else y, ws, cnt)
+        return y
+    return run
 
 
 def split_buffers(split: int, m: int, n: int, tiles: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -62,7 +62,11 @@ class QuantLinear(QuantBuffersMixin, nn.Module):
         args = self._weight_args("weight", None)
         if eager_direct(x):  # eager inference: the op's own body, without the dispatcher's custom-op layer
             return quant_linear(x, quant_weight_from_args(*args), self.bias, self.backend, None)
-        return torch.ops.humming_triton.quant_linear(x, *args, self.bias, self.backend, None)
+        bias = self.bias
+        if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+            return torch.ops.humming_triton.quant_linear(x, *args, bias, self.backend, None)
+        # no gradient wanted (compiled inference): the op without the autograd layer (ops.py)
+        return torch.ops.humming_triton.quant_linear_nograd(x, *args, bias, self.backend, None)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

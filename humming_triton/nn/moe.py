@@ -19,6 +19,8 @@ from ..dispatch import check_backend_name
 from ..formats.quantize import quantize_weight
 from ..formats.scheme import QuantScheme
 from ..formats.weight import QuantWeight
+from ..linear import fused_moe
+from ..ops import eager_direct, quant_weight_from_args
 from ._buffers import QuantBuffersMixin
 
 __all__ = ["QuantMoE", "is_experts_module", "experts_weights"]
@@ -138,9 +140,18 @@ class QuantMoE(QuantBuffersMixin, nn.Module):
             keep = top_k_index < self.num_experts
             top_k_index = torch.where(keep, top_k_index, 0)
             top_k_weights = torch.where(keep, top_k_weights, 0)
-        y = torch.ops.humming_triton.fused_moe(h, *self._weight_args("gate_up_proj", self.gate_up_proj_bias),
-                                               *self._weight_args("down_proj", self.down_proj_bias),
-                                               top_k_weights, top_k_index, self.activation, self.backend)
+        w13 = self._weight_args("gate_up_proj", self.gate_up_proj_bias)
+        w2 = self._weight_args("down_proj", self.down_proj_bias)
+        if eager_direct(h, top_k_weights):  # eager inference: the op's body, without the custom-op layer
+            y = fused_moe(h, quant_weight_from_args(*w13), quant_weight_from_args(*w2), top_k_weights, top_k_index,
+                          self.activation, self.backend)
+        elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in
+                                             (h, top_k_weights, self.gate_up_proj_bias, self.down_proj_bias)):
+            y = torch.ops.humming_triton.fused_moe(h, *w13, *w2, top_k_weights, top_k_index, self.activation,
+                                                   self.backend)  # raises if backpropagated through (ops.py)
+        else:  # no gradient wanted (compiled inference): the twin without the autograd layer
+            y = torch.ops.humming_triton.fused_moe_nograd(h, *w13, *w2, top_k_weights, top_k_index, self.activation,
+                                                          self.backend)
         return y.reshape(shape)
 
     def extra_repr(self) -> str:

@@ -46,6 +46,12 @@ class Family:
     def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
         raise NotImplementedError(f"family {self.name} is launched through spec()")
 
+    def runner(self, x2, qw, bias, out_dtype, cfg: KernelConfig, shape: tuple):
+        """A multi-step family's lean plan (``humming_triton.plans``) for repeats of a ``run`` call on ``x2``
+        with this bias: ``(x, bias) -> y`` of ``shape``, or None from it for an ``x`` it was not made for.
+        None here: repeats call ``run``."""
+        return None
+
     def __repr__(self) -> str:
         return f"<family {self.backend}/{self.name} ({self.op})>"
 

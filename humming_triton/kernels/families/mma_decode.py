@@ -66,6 +66,12 @@ class MMADecode(Family):
         """The kernel on 16-bit activations ``x2`` into ``target`` (fp16 / bf16 / fp32, unit column stride)."""
         dm.run(x2, packed_view(qw), bias, target, kw=cfg.split_k, tw=cfg.block_n // 16, unroll=cfg.num_stages)
 
+    def runner(self, x2, qw, bias, out_dtype, cfg: KernelConfig, shape: tuple):
+        if x2.data_ptr() % 16 or x2.stride(0) != qw.K:
+            return None
+        return dm.runner(packed_view(qw), x2.dtype, x2.device, x2.shape[0], bias, out_dtype, shape,
+                         kw=cfg.split_k, tw=cfg.block_n // 16, unroll=cfg.num_stages)
+
     def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
         m, n = x2.shape[0], qw.N
         y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x2.device)

@@ -1,0 +1,190 @@
+"""Call plans (``humming_triton.plans``): a repeated call signature skips the checks and the dispatch, and its result
+is the full path's, bit for bit; anything the plan was derived from changing -- the weight edited in place, another
+bias, dispatch's caches, batch-invariant mode, another memory layout of x -- takes the full path again.
+
+CPU (interpreter): the Triton backend's plans.  GPU (``-m gpu``): the native decode kernel's lean runner, eager and
+captured in a CUDA graph, against the full path and the reference.
+"""
+import pytest
+import torch
+
+import humming_triton as ht
+from humming_triton import dispatch, plans
+from humming_triton.testing import assert_linear_close
+
+
+def _layer(rng, scheme="w4a16", n=96, k=256, bias=True, backend="triton", device="cpu"):
+    w = torch.randn(n, k, generator=rng) * 0.05
+    b = torch.randn(n, generator=rng) if bias else None
+    qw = ht.quantize_weight(w.to(device), scheme)
+    return qw, None if b is None else b.to(device)
+
+
+def _planned(qw) -> dict:
+    return qw.cache.get("plans", {})
+
+
+class _Counting:
+    """Wraps every plan's runner of a weight to count the calls that took a plan."""
+
+    def __init__(self, qw):
+        self.calls = 0
+        for plan in _planned(qw).values():
+            inner = plan.runner
+
+            def run(x, bias, inner=inner):
+                self.calls += 1
+                return inner(x, bias)
+            plan.runner = run
+
+
+def test_repeat_runs_the_plan_bit_for_bit(rng):
+    qw, bias = _layer(rng)
+    x = torch.randn(2, 3, 256, generator=rng)
+    first = ht.quant_linear(x, qw, bias, backend="triton")
+    assert len(_planned(qw)) == 1
+    counter = _Counting(qw)
+    again = ht.quant_linear(x.clone(), qw, bias, backend="triton")
+    assert counter.calls == 1
+    assert again.shape == (2, 3, 96) and torch.equal(first, again)
+    assert dispatch.last_plan() is not None and dispatch.last_plan().startswith("triton/")
+    ref = ht.quant_linear(x, qw, bias, backend="reference")
+    assert_linear_close(again, ref, x.reshape(-1, 256), ht.dequantize_weight(qw), torch.float32, "planned")
+
+
+def test_in_place_weight_edit_drops_the_plan(rng):
+    qw, bias = _layer(rng, bias=False)
+    x = torch.randn(4, 256, generator=rng)
+    before = ht.quant_linear(x, qw, backend="triton")
+    ht.quant_linear(x, qw, backend="triton")
+    qw.scales.mul_(2)  # a plan made before the edit must not run after it
+    after = ht.quant_linear(x, qw, backend="triton")
+    torch.testing.assert_close(after, 2 * before, rtol=1e-6, atol=1e-6)
+
+
+def test_plan_made_without_bias_is_not_used_with_one(rng):
+    qw, bias = _layer(rng)
+    x = torch.randn(2, 256, generator=rng)
+    plain = ht.quant_linear(x, qw, backend="triton")  # planned with no bias: the kernel was built without one
+    got = ht.quant_linear(x, qw, bias, backend="triton")
+    torch.testing.assert_close(got, plain + bias, rtol=1e-6, atol=1e-5)
+
+
+def test_find_checks_every_input_of_the_plan(rng):
+    """The mechanism itself: a stored runner comes back only while the weight's versions, the bias object and
+    dispatch's state are the ones it was made under."""
+    qw, bias = _layer(rng)
+    key = ("quant_linear", "probe")
+    plans.offer(qw, key, bias, (None, None), lambda: "runner")
+    assert plans.find(qw, key, bias) == "runner"
+    assert plans.find(qw, key, None) is None and plans.find(qw, key, bias.clone()) is None
+    qw.data.add_(0)  # an in-place op bumps the version counter
+    assert plans.find(qw, key, bias) is None
+    plans.offer(qw, key, bias, (None, None), lambda: "runner")
+    dispatch.clear_caches()
+    assert plans.find(qw, key, bias) is None
+    plans.offer(qw, key, bias, (None, None), lambda: None)  # no runner: nothing stored
+    assert plans.find(qw, key, bias) is None
+
+
+def test_another_bias_object_is_not_the_planned_one(rng):
+    qw, bias = _layer(rng)
+    x = torch.randn(1, 256, generator=rng)
+    ht.quant_linear(x, qw, bias, backend="triton")
+    other = bias + 1.0
+    got = ht.quant_linear(x, qw, other, backend="triton")
+    want = ht.quant_linear(x, qw, bias, backend="triton") + 1.0
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("make_x", ["transposed", "misaligned"])
+def test_an_x_the_runner_was_not_made_for_takes_the_full_path(make_x, rng):
+    qw, bias = _layer(rng)
+    x = torch.randn(3, 256, generator=rng)
+    ht.quant_linear(x, qw, bias, backend="triton")
+    if make_x == "transposed":  # same shape and dtype, columns not contiguous
+        other = torch.randn(256, 3, generator=rng).t()
+    else:  # same shape, contiguous, data 4 bytes past a 16-byte boundary
+        other = torch.randn(3 * 256 + 1, generator=rng)[1:].view(3, 256)
+        assert other.data_ptr() % 16 != x.data_ptr() % 16
+    counter = _Counting(qw)
+    got = ht.quant_linear(other, qw, bias, backend="triton")
+    assert counter.calls == 1  # the plan was asked and declined
+    ref = ht.quant_linear(other, qw, bias, backend="reference")
+    assert_linear_close(got, ref, other, ht.dequantize_weight(qw), torch.float32, make_x)
+
+
+def test_dispatch_state_changes_drop_the_plan(rng):
+    qw, bias = _layer(rng)
+    x = torch.randn(2, 256, generator=rng)
+    ht.quant_linear(x, qw, bias, backend="triton")
+    counter = _Counting(qw)
+    dispatch.clear_caches()  # e.g. a new measured table
+    ht.quant_linear(x, qw, bias, backend="triton")
+    assert counter.calls == 0
+    counter = _Counting(qw)
+    with ht.batch_invariant():
+        ht.quant_linear(x, qw, bias, backend="triton")
+    assert counter.calls == 0
+
+
+def test_quant_linear_module_plans_and_sees_load_state_dict(rng):
+    lin = torch.nn.Linear(256, 64)
+    mod = ht.QuantLinear.from_linear(lin, "w4a16", backend="triton").eval()
+    x = torch.randn(2, 256, generator=rng)
+    with torch.no_grad():
+        first = mod(x)
+        assert _planned(mod.quant_weight)
+        other = ht.QuantLinear.from_linear(torch.nn.Linear(256, 64), "w4a16", backend="triton")
+        mod.load_state_dict(other.state_dict())  # copies into the buffers in place
+        got = mod(x)
+        want = other.eval()(x)
+    assert not torch.equal(got, first)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_no_plan_for_fake_tensors_or_reference(rng):
+    qw, _ = _layer(rng, bias=False)
+    x = torch.randn(2, 256, generator=rng)
+    ht.quant_linear(x, qw, backend="reference")
+    assert not _planned(qw)  # the reference has no plan: it runs in full
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        fx = mode.from_tensor(x)
+        assert not plans.usable(fx)
+
+
+# --- GPU: the native decode kernel's lean runner -------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme,dtype", [("w4a16", torch.bfloat16), ("w4a16", torch.float16),
+                                          ("w8a16", torch.bfloat16), ("mxfp4", torch.bfloat16),
+                                          ("nvfp4", torch.bfloat16)])
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_native_runner_on_gpu(scheme, dtype, m, rng):
+    from cutlass_ext.native import unavailable
+    if unavailable():
+        pytest.fail(f"the native library is needed for this test: {unavailable()}")
+    qw, bias = _layer(rng, scheme, n=200, k=512, device="cuda")
+    bias = bias.to(dtype)
+    x = torch.randn(m, 512, generator=rng).to("cuda", dtype)
+    full = ht.quant_linear(x, qw, bias, backend="cuda")
+    (plan,) = _planned(qw).values()
+    assert getattr(plan.runner, "packed", None) is not None, "the cuda backend's plan is the lean runner"
+    counter = _Counting(qw)
+    planned = ht.quant_linear(x, qw, bias, backend="cuda")
+    assert counter.calls == 1 and torch.equal(full, planned)
+    cpu = qw.to("cpu")
+    ref = ht.quant_linear(x.cpu().float(), cpu, bias.cpu().float(), backend="reference")
+    assert_linear_close(planned.float().cpu(), ref, x.cpu().float(), ht.dequantize_weight(cpu), dtype,
+                        f"{scheme} M={m}")
+    # captured in a CUDA graph: the plan launches on the capture stream
+    static_x = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = ht.quant_linear(static_x, qw, bias, backend="cuda")
+    static_x.copy_(x * 2)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(static_y.float(), ht.quant_linear(x * 2, qw, bias, backend="cuda").float(),
+                               rtol=0, atol=0)
+
