@@ -157,7 +157,7 @@ for step in $STEPS; do
     new)     gpu_tests ${NEW_S:-150} new tests/test_dispatch.py tests/test_dense_kernels.py tests/test_grouped_kernels.py \
                -k "swapab or dispatch or torch_composed or split" ;;
     dense)   gpu_tests ${DENSE_S:-200} dense tests/test_dense_kernels.py -k every_format_family ;;
-    overhead) stamp overhead; timeout -k 5 120 python3 -m benchmarks.overhead > "$OUT/overhead.txt" 2>&1 ;;
+    overhead) stamp overhead; timeout -k 5 120 python3 -m benchmarks.overhead --out "$OUT/overhead.json" > "$OUT/overhead.txt" 2>&1 ;;
     demo)    stamp demo; timeout -k 5 80 python3 -m humming_triton.demo --backend triton > "$OUT/demo.txt" 2>&1 ;;
     e2e)
       stamp e2e
