@@ -164,7 +164,7 @@ for step in $STEPS; do
       timeout -k 5 110 python3 -m benchmarks.e2e ${E2E_COMPILE---compile} --schemes ${E2E_SCHEMES:-w4a16,w8a16,mxfp4} \
         --out "$OUT/e2e_llama.json" > "$OUT/e2e.txt" 2>&1
       [ -n "${E2E_DENSE_ONLY:-}" ] || timeout -k 5 110 python3 -m benchmarks.e2e --compile --model qwen3_moe --hidden 2048 --layers 4 \
-        --backend triton --schemes w4a16,mxfp4 --out "$OUT/e2e_moe.json" >> "$OUT/e2e.txt" 2>&1
+        --backend ${E2E_MOE_BACKEND:-auto} --schemes w4a16,mxfp4 --out "$OUT/e2e_moe.json" >> "$OUT/e2e.txt" 2>&1
       # HF generate with a static KV cache, eager and compiled (reduce-overhead), decode tokens/s vs bf16
       [ -z "${E2E_GENERATE:-}" ] || timeout -k 5 ${E2E_GENERATE_S:-150} python3 -m benchmarks.e2e --generate \
         --schemes ${E2E_SCHEMES:-w4a16,w8a16,mxfp4} --out "$OUT/e2e_generate.json" >> "$OUT/e2e.txt" 2>&1 ;;

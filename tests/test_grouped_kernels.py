@@ -138,14 +138,15 @@ def test_grouped_kernel_on_gpu(scheme, dtype, rng):
 @pytest.mark.parametrize("activation,scheme", [("silu", "w4a16"), ("swiglu_oai", "mxfp4"), ("silu", "nvfp4"),
                                                ("silu", "w8a8-fp8"), ("swiglu_oai", "w4a8-mxfp4"),
                                                ("silu", "w4a4-nvfp4")])
-def test_fused_moe_triton_matches_reference(activation, scheme, rng):
+@pytest.mark.parametrize("backend", ["triton", "auto"])
+def test_fused_moe_triton_matches_reference(activation, scheme, backend, rng):
     t, h, inter, e, topk = 7, 128, 128, 6, 2
     w13 = ht.quantize_weight(torch.randn(e, 2 * inter, h, generator=rng) / 8, scheme,
                              bias=torch.randn(e, 2 * inter, generator=rng))
     w2 = ht.quantize_weight(torch.randn(e, h, inter, generator=rng) / 8, scheme)
     x = torch.randn(t, h, generator=rng).half()
     wts, ids = torch.topk(torch.softmax(torch.randn(t, e, generator=rng), -1), topk)
-    y = ht.fused_moe(x, w13, w2, wts, ids, activation=activation, backend="triton")
+    y = ht.fused_moe(x, w13, w2, wts, ids, activation=activation, backend=backend)
     assert ht.last_backend("fused_moe") == "triton"
     # quantized activations: the reference in x's dtype too, so that the intermediate activation is rounded
     # the same way before the down GEMM quantizes it (a float32 one would move a few codes across a midpoint)
@@ -164,8 +165,11 @@ def test_fused_moe_triton_matches_reference(activation, scheme, rng):
 @pytest.mark.parametrize("activation,scheme", [("silu", "w4a16"), ("swiglu_oai", "mxfp4"), ("silu", "nvfp4"),
                                                ("silu", "w8a16")])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_fused_moe_on_gpu(activation, scheme, tokens, dtype, rng):
-    """Qwen3-30B-A3B-like routing (64 experts, top-8) at decode and prefill sizes, vs the float64 reference."""
+@pytest.mark.parametrize("backend", ["triton", "auto"])
+def test_fused_moe_on_gpu(activation, scheme, tokens, dtype, backend, rng):
+    """Qwen3-30B-A3B-like routing (64 experts, top-8) at decode and prefill sizes, vs the float64 reference;
+    ``triton``: Triton's grouped tiles, ``auto``: each grouped GEMM the measured table's choice (the native decode
+    kernel at a few rows per expert)."""
     h, inter, e, topk = 1024, 384, 64, 8
     w13 = ht.quantize_weight(torch.randn(e, 2 * inter, h, generator=rng).cuda() / 8, scheme,
                              bias=torch.randn(e, 2 * inter, generator=rng).cuda())
@@ -173,7 +177,7 @@ def test_fused_moe_on_gpu(activation, scheme, tokens, dtype, rng):
     x = torch.randn(tokens, h, generator=rng).cuda()
     wts, ids = torch.topk(torch.softmax(torch.randn(tokens, e, generator=rng), -1), topk)
     wts, ids = wts.cuda(), ids.cuda()
-    y = ht.fused_moe(x.to(dtype), w13, w2, wts, ids, activation=activation, backend="triton")
+    y = ht.fused_moe(x.to(dtype), w13, w2, wts, ids, activation=activation, backend=backend)
     # float32 math on the same (dequantized) weights; no TF32 (torch's default for float32 matmuls)
     ref = ht.fused_moe(x, w13, w2, wts, ids, activation=activation, backend="reference").double().cpu()
     u = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11

@@ -58,10 +58,9 @@ class TritonBackend(FamilyBackend):
 
     def fused_moe(self, hidden, w13, w2, topk_weights, topk_ids, activation, cand):
         from ..kernels.moe import triton_fused_moe
-        # dispatch passes a candidate only where the caller named this backend; under ``auto`` each grouped GEMM
-        # runs what the measured table says is fastest for it
-        return triton_fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation,
-                                "auto" if cand is None else self.name)
+        # dispatch passes a candidate only where the caller named this backend (then Triton's grouped tiles run,
+        # as always); under ``auto`` each grouped GEMM runs what the measured table says is fastest for it
+        return triton_fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation, measured=cand is None)
 
 
 register(TritonBackend())
