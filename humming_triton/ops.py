@@ -36,7 +36,7 @@ from .formats.scheme import PRESETS, ActQuant, QuantScheme
 from .formats.quantize import dequantize_weight
 from .formats.weight import QuantWeight
 
-__all__ = ["quant_linear_op", "quant_linear_nograd_op", "fused_moe_nograd_op", "grouped_linear_op", "fused_moe_op", "quantize_activation_op", "dequantize_op",
+__all__ = ["quant_linear_op", "quant_linear_nograd_op", "fused_moe_nograd_op", "grouped_linear_nograd_op", "grouped_linear_op", "fused_moe_op", "quantize_activation_op", "dequantize_op",
            "weight_args", "quant_weight_from_args"]
 
 _Tensor = torch.Tensor
@@ -224,21 +224,26 @@ torch.library.register_autograd("humming_triton::quant_linear", _quant_linear_ba
 
 
 # --- grouped_linear --------------------------------------------------------------------------------------------
-@_define("grouped_linear")
-def grouped_linear_op(x: _Tensor, data: _Tensor, scales: _Tensor, zeros: _OptT, global_scale: _OptT,
-                      input_scale: _OptT, wbias: _OptT, k_perm: _OptT, scheme: str, shape: list[int], offsets: _Tensor,
-                      bias: _OptT, backend: str = "auto", out_dtype: Optional[torch.dtype] = None) -> _Tensor:
+def _grouped_linear(x: _Tensor, data: _Tensor, scales: _Tensor, zeros: _OptT, global_scale: _OptT,
+                    input_scale: _OptT, wbias: _OptT, k_perm: _OptT, scheme: str, shape: list[int], offsets: _Tensor,
+                    bias: _OptT, backend: str = "auto", out_dtype: Optional[torch.dtype] = None) -> _Tensor:
     """Expert-sorted rows ``x [T, K]`` with ``offsets [E+1]`` against ``W [E, N, K]`` -> ``[T, N]``."""
     from .linear import grouped_linear
     qw = quant_weight_from_args(data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape)
     return grouped_linear(x, qw, offsets, bias, backend, out_dtype)
 
 
-@_fake("grouped_linear")
-def _(x, data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape, offsets, bias, backend="auto",
-      out_dtype=None):
+def _grouped_linear_fake(x, data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape, offsets,
+                         bias, backend="auto", out_dtype=None):
     _check_k(x, shape, "grouped_linear")
     return x.new_empty(x.shape[0], shape[-2], dtype=out_dtype or x.dtype)
+
+
+# as quant_linear: a twin without the autograd layer (a compiled MoE module's two GEMMs, nn/moe.py)
+grouped_linear_op = _define("grouped_linear")(_grouped_linear)
+grouped_linear_nograd_op = _define("grouped_linear_nograd")(_grouped_linear)
+_fake("grouped_linear")(_grouped_linear_fake)
+_fake("grouped_linear_nograd")(_grouped_linear_fake)
 
 
 # --- fused_moe -------------------------------------------------------------------------------------------------

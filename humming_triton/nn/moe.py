@@ -21,6 +21,7 @@ from ..formats.scheme import QuantScheme
 from ..formats.weight import QuantWeight
 from ..linear import fused_moe
 from ..ops import eager_direct, quant_weight_from_args
+from ..reference import moe_forward
 from ._buffers import QuantBuffersMixin
 
 __all__ = ["QuantMoE", "is_experts_module", "experts_weights"]
@@ -149,7 +150,10 @@ class QuantMoE(QuantBuffersMixin, nn.Module):
                                              (h, top_k_weights, self.gate_up_proj_bias, self.down_proj_bias)):
             y = torch.ops.humming_triton.fused_moe(h, *w13, *w2, top_k_weights, top_k_index, self.activation,
                                                    self.backend)  # raises if backpropagated through (ops.py)
-        else:  # no gradient wanted (compiled inference): the twin without the autograd layer
+        elif self.backend == "auto":  # compiled inference: routing, activation and reduction in the graph
+            y = moe_forward(h, _Experts(w13), _Experts(w2), top_k_weights, top_k_index, self.activation,
+                            _grouped_nograd)
+        else:  # a named backend's fused MoE, without the autograd layer (ops.py)
             y = torch.ops.humming_triton.fused_moe_nograd(h, *w13, *w2, top_k_weights, top_k_index, self.activation,
                                                           self.backend)
         return y.reshape(shape)
@@ -158,3 +162,17 @@ class QuantMoE(QuantBuffersMixin, nn.Module):
         return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
                 f"intermediate_dim={self.intermediate_dim}, activation={self.activation}, "
                 f"bias={self.gate_up_proj_bias is not None}, scheme={self.scheme.name}, backend={self.backend}")
+
+
+class _Experts:
+    """One expert weight's op arguments with the two facts ``moe_forward`` reads (a QuantWeight is not built
+    while torch.compile traces: its cache lives on the tensors)."""
+
+    def __init__(self, args: tuple):
+        self.args = args
+        self.num_experts, self.N = args[-1][0], args[-1][1]
+
+
+def _grouped_nograd(x: torch.Tensor, w: _Experts, offsets: torch.Tensor) -> torch.Tensor:
+    # backend auto: each GEMM the measured table's choice, as the fused op's auto path runs them
+    return torch.ops.humming_triton.grouped_linear_nograd(x, *w.args, offsets, None, "auto", torch.float32)
