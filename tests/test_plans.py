@@ -188,3 +188,18 @@ def test_native_runner_on_gpu(scheme, dtype, m, rng):
     torch.testing.assert_close(static_y.float(), ht.quant_linear(x * 2, qw, bias, backend="cuda").float(),
                                rtol=0, atol=0)
 
+
+
+def test_grouped_linear_plans_skip_dispatch_only(rng):
+    """grouped_linear's plan is dispatch's choice, run again on the new rows and offsets (never the old ones)."""
+    qw = ht.quantize_weight(torch.randn(3, 64, 128, generator=rng) / 8, "w4a16")
+    x = torch.randn(7, 128, generator=rng)
+    first = ht.grouped_linear(x, qw, torch.tensor([0, 2, 2, 7]), backend="triton")
+    assert _planned(qw)
+    x2, offsets2 = torch.randn(7, 128, generator=rng), torch.tensor([0, 5, 6, 7])
+    got = ht.grouped_linear(x2, qw, offsets2, backend="triton")
+    ref = ht.grouped_linear(x2, qw, offsets2, backend="reference")
+    torch.testing.assert_close(got, ref, rtol=2e-3, atol=2e-3)
+    assert not torch.equal(got, first)
+    with pytest.raises(ValueError, match="offsets"):  # another offsets shape is another signature: checked
+        ht.grouped_linear(x2, qw, torch.tensor([0, 7]), backend="triton")
