@@ -82,12 +82,31 @@ def _graphed(model, ids):
     return graph.replay, out
 
 
+def _retime_interleaved(timers, device, reps: int) -> None:
+    """Time every (variant, mode) once per round, ``reps`` rounds, and keep the medians: the H200 machine's host
+    speed drifts by tens of % within minutes (benchmarks/results/h200/host/), which a variant timed minutes after
+    bf16 reads as its own speed."""
+    times = [[] for _ in timers]
+    for _ in range(reps):
+        for i, (_, _, fn) in enumerate(timers):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.no_grad():
+                a.record()
+                fn()
+                b.record()
+            torch.cuda.synchronize()
+            times[i].append(a.elapsed_time(b) / 1e3)
+    for (rec, key, _), ts in zip(timers, times):
+        rec[key + "_sequential"] = rec[key]
+        rec[key] = sorted(ts)[len(ts) // 2]
+
+
 def run(args) -> dict:
     device = torch.device("cpu" if args.cpu else "cuda")
     dtype = torch.float32 if args.cpu else torch.bfloat16
     base = build(args.model, args.hidden, args.layers, args.vocab, device, dtype)
     ids = torch.randint(0, args.vocab, (args.batch, 1), device=device)
-    records, gen_rows = [], []
+    records, gen_rows, timers = [], [], []
     variants = [("bf16", None)] + [(s, s) for s in args.schemes]
     for name, scheme in variants:
         model = copy.deepcopy(base) if scheme else base
@@ -105,6 +124,7 @@ def run(args) -> dict:
                     if args.model == "qwen3_moe":
                         rec["moe_backend"] = ht.last_backend("fused_moe")
                 rec["eager_s"] = _time(lambda: model(ids, use_cache=False), device, args.reps)
+                timers.append((rec, "eager_s", lambda model=model: model(ids, use_cache=False)))
         except Exception as e:  # noqa: BLE001 -- a failing variant is a row, not a crash
             rec["error"] = f"{type(e).__name__}: {e}"[:300]
         # each faster mode on its own: one failing (e.g. a host sync under capture) must not hide the others
@@ -112,6 +132,7 @@ def run(args) -> dict:
             try:
                 replay, out = _graphed(model, ids)
                 rec["graph_s"] = _time(replay, device, args.reps)
+                timers.append((rec, "graph_s", replay))
                 rec["graph_rel_diff_vs_eager"] = float((out.float() - logits).norm() / logits.norm())
             except Exception as e:  # noqa: BLE001
                 rec["graph_error"] = f"{type(e).__name__}: {e}"[:300]
@@ -120,6 +141,7 @@ def run(args) -> dict:
                 compiled = torch.compile(model, fullgraph=True)
                 with torch.no_grad():
                     rec["compile_s"] = _time(lambda: compiled(ids, use_cache=False), device, args.reps)
+                    timers.append((rec, "compile_s", lambda compiled=compiled: compiled(ids, use_cache=False)))
                     out = compiled(ids, use_cache=False).logits.float()
                 # inductor fuses the bf16 norms / activations differently from eager: report the size of it
                 rec["compile_rel_diff_vs_eager"] = float((out - logits).norm() / logits.norm())
@@ -136,8 +158,16 @@ def run(args) -> dict:
                     g["decode_ratio_vs_bf16"] = bf16["decode_s"] / g["decode_s"]
                 gen_rows.append(g)
                 print(_gen_row(g), flush=True)
+    note = "decode step without KV cache: tokens/s = batch / step time"
+    if args.interleave and device.type == "cuda":
+        _retime_interleaved(timers, device, args.reps)
+        note += ("; eager / graph / compile times: medians of rounds that time every variant once in turn "
+                 "(bf16 beside ours at the same moment of the host's load), the first sequential pass in *_s_sequential")
+        print("interleaved (every variant once per round, medians):")
+        for rec in records:
+            print(_row(rec, records[0]), flush=True)
     result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-              "records": records, "note": "decode step without KV cache: tokens/s = batch / step time"}
+              "records": records, "note": note}
     if args.generate:
         import transformers
         result["transformers"] = transformers.__version__
@@ -330,6 +360,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--schemes", default="w4a16,w8a16,mxfp4,nvfp4")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--no-interleave", dest="interleave", action="store_false",
+                    help="GPU: keep the sequential pass's times (default: re-time every variant in interleaved rounds)")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(fullgraph=True)")
     ap.add_argument("--generate", action="store_true",
                     help="also time HF generate with a static KV cache, eager and compiled (reduce-overhead)")
