@@ -79,7 +79,10 @@ def _graphed(model, ids):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), torch.no_grad():
         out = model(static_ids, use_cache=False).logits
-    return graph.replay, out
+
+    def replay(graph=graph, static_ids=static_ids, out=out):  # the graph reads and writes these addresses:
+        graph.replay()  # they must outlive it (a freed input buffer handed to another tensor is garbage ids)
+    return replay, out
 
 
 def _retime_interleaved(timers, device, reps: int) -> None:
