@@ -203,3 +203,56 @@ def test_grouped_linear_plans_skip_dispatch_only(rng):
     assert not torch.equal(got, first)
     with pytest.raises(ValueError, match="offsets"):  # another offsets shape is another signature: checked
         ht.grouped_linear(x2, qw, torch.tensor([0, 7]), backend="triton")
+
+
+# --- the opt-in triton_op path under torch.compile (kernels/compiled.py) ------------------------------------------
+def test_quant_linear_triton_op_falls_back_off_cuda(rng):
+    """Called on CPU tensors (or wherever no Triton launch applies) the triton_op is quant_linear_nograd."""
+    from humming_triton import ops
+    qw, bias = _layer(rng)
+    x = torch.randn(3, 256, generator=rng)
+    args = (x, *ops.weight_args(qw)[:9], bias, "reference")
+    got = torch.ops.humming_triton.quant_linear_triton(*args)
+    want = ops.quant_linear_nograd_op(x, *ops.weight_args(qw), bias, "reference", None)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5, 40])
+def test_compiled_quant_linear_launches_triton_from_inductor(m, rng, monkeypatch):
+    """HUMMING_TRITON_COMPILE_TRITON=1: a compiled QuantLinear's calls run no Python of ours (inductor launches the
+    Triton kernel the table picked), and match eager within the kernels' own rounding."""
+    import humming_triton.linear as linear_mod
+    monkeypatch.setenv("HUMMING_TRITON_COMPILE_TRITON", "1")
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(1024, 384, bias=True, device="cuda", dtype=torch.bfloat16)
+    mod = ht.QuantLinear.from_linear(lin, "w4a16").eval()
+    x = torch.randn(m, 1024, generator=rng).to("cuda", torch.bfloat16)
+    compiled = torch.compile(mod, fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        eager = mod(x)
+        got = compiled(x)
+        calls = []
+        orig = linear_mod.quant_linear
+        monkeypatch.setattr(linear_mod, "quant_linear", lambda *a, **k: calls.append(1) or orig(*a, **k))
+        again = compiled(x)
+    assert not calls, "the compiled call went through our Python"
+    assert torch.equal(got, again)
+    ref = ht.quant_linear(x.float().cpu(), mod.quant_weight.to("cpu"), lin.bias.float().cpu(), backend="reference")
+    assert_linear_close(got.float().cpu(), ref, x.float().cpu(), ht.dequantize_weight(mod.quant_weight.to("cpu")),
+                        torch.bfloat16, f"compiled triton M={m}")
+    torch.testing.assert_close(got, eager, rtol=2 ** -6, atol=2 ** -6)
+
+
+@pytest.mark.parametrize("scheme,m", [("w4a16", 1), ("w4a16", 20), ("w8a16-asym", 3), ("mxfp4", 2), ("nvfp4", 7)])
+def test_triton_plan_launch_matches_triton_linear(scheme, m, rng):
+    """The launch the triton_op traces -- chosen from shapes and the table, arguments from shapes and strides --
+    computes what triton_linear computes (interpreter: the kernel launched directly instead of via wrap_triton)."""
+    from humming_triton.kernels import compiled
+    qw, bias = _layer(rng, scheme, n=80, k=256)
+    x = torch.randn(m, 256, generator=rng)
+    spec = compiled.triton_plan(x, qw.scheme, 80, 256, True, "auto")
+    assert spec is not None
+    got = compiled.run_planned(x, qw.data, qw.scales, qw.zeros, qw.global_scale, bias, 80, 256, spec, lambda k: k)
+    ref = ht.quant_linear(x, qw, bias, backend="reference")
+    assert_linear_close(got, ref, x, ht.dequantize_weight(qw), torch.float32, f"{scheme} M={m}")

@@ -8,6 +8,7 @@ from ..dispatch import check_backend_name
 from ..formats.quantize import quantize_weight
 from ..formats.scheme import QuantScheme
 from ..formats.weight import QuantWeight
+from ..kernels import compiled
 from ..linear import quant_linear
 from ..ops import eager_direct, quant_weight_from_args
 from ._buffers import QuantBuffersMixin
@@ -65,6 +66,8 @@ class QuantLinear(QuantBuffersMixin, nn.Module):
         bias = self.bias
         if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
             return torch.ops.humming_triton.quant_linear(x, *args, bias, self.backend, None)
+        if x.is_cuda and compiled.enabled():  # opt-in: inductor launches the Triton kernel itself
+            return torch.ops.humming_triton.quant_linear_triton(x, *args, bias, self.backend)
         # no gradient wanted (compiled inference): the op without the autograd layer (ops.py)
         return torch.ops.humming_triton.quant_linear_nograd(x, *args, bias, self.backend, None)
 
