@@ -61,8 +61,9 @@ def usable(x: torch.Tensor) -> bool:
 
 
 def find(qw: QuantWeight, key: tuple, bias: torch.Tensor | None):
-    """The runner planned for ``key`` on ``qw`` if it still holds (module docstring), else None."""
-    plans = qw.cache.get(_SLOT)
+    """The runner planned for ``key`` on ``qw`` if it still holds (module docstring), else None (also for a
+    ``qw`` that is no QuantWeight: the full call's checks name that problem)."""
+    plans = qw.cache.get(_SLOT) if isinstance(qw, QuantWeight) else None
     if plans is None:
         return None
     plan = plans.get(key)
