@@ -34,6 +34,9 @@ FAMILIES = {
     # tokens on the MMA's N side: K tile below the group and above it, and split-K
     "swapab": lambda m: configs.DenseConfig("swapab", 16, 32, 64, 1, 8),
     "swapab_wide_k_splitk": lambda m: configs.DenseConfig("swapab", 16, 16, 256, 2, 8),
+    # above 16 tokens: 32 / 64-token tiles (a partial last tile at M = 19), the scale before the dot
+    "swapab_wide_m": lambda m: configs.DenseConfig("swapab", 32, 32, 64, 1, 8),
+    "swapab_wide_m_k_splitk": lambda m: configs.DenseConfig("swapab", 64, 16, 256, 2, 8),
     "dequant_mm": lambda m: configs.DenseConfig("dequant_mm", 1, 16, 64),
 }
 SHAPES = [(1, 37, 384), (5, 64, 128), (19, 100, 640)]  # (M, N, K): odd N, K not a multiple of the K tile
@@ -44,14 +47,14 @@ def _scheme(fmt):
     return ht.QuantScheme.parse(f"weight={w},scale={sc},zero={z}")
 
 
-def _run_case(fmt, family, shape, dtype, rng, device="cpu"):
+def _run_case(fmt, family, shape, dtype, rng, device="cpu", cfg=None):
     m, n, k = shape
     scheme = _scheme(fmt)
     w = torch.randn(n, k, generator=rng)
     qw = ht.quantize_weight(w, scheme, bias=torch.randn(n, generator=rng)).to(device)
     x = torch.randn(m, k, generator=rng).to(dtype).to(device)
     from humming_triton.kernels.dense import triton_linear
-    cfg = FAMILIES[family](m)
+    cfg = cfg or FAMILIES[family](m)
     cfg = configs.DenseConfig(**{**cfg.__dict__, "block_k": configs.fit_block_k(cfg.block_k, scheme.group_k(k), k,
                                                                                  scheme.bits)})
     out = poison_like(torch.empty(m, n, dtype=dtype, device=device))
@@ -83,6 +86,14 @@ def test_dense_kernel_interpreted(fmt, family, shape, rng):
                          ids=lambda f: "-".join(f))
 def test_dense_kernel_bf16_interpreted(fmt, family, rng):
     _run_case(fmt, family, (9, 48, 256), torch.bfloat16, rng)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("family", ["swapab_wide_m", "swapab_wide_m_k_splitk"])
+@pytest.mark.parametrize("fmt", FORMATS[::2], ids=lambda f: "-".join(f))
+def test_swapab_token_tiles_interpreted(fmt, family, rng):
+    """More than 16 tokens: several token tiles, the last one partial (M = 40 with 32- and 64-token tiles)."""
+    _run_case(fmt, family, (40, 48, 384), torch.float16, rng)
 
 
 @pytest.mark.interpret
@@ -135,7 +146,7 @@ def test_wna16_presets_on_gpu(preset, dtype, shape, rng):
 
 GPU_FAMILIES = ("gemv", "gemv_splitk", "gemv_words", "gemv_words_prefetch_splitk", "gemv_words_rows",
                 "gemv_words_rows_prefetch_splitk", "tiled", "tiled_splitk", "swapab", "swapab_wide_k_splitk",
-                "dequant_mm")
+                "swapab_wide_m", "swapab_wide_m_k_splitk", "dequant_mm")
 GPU_CASES = [(fmt, fam, (SHAPES + [(3, 300, 512)])[(i + j) % 4]) for i, fmt in enumerate(FORMATS)
              for j, fam in enumerate(GPU_FAMILIES)]
 
@@ -145,6 +156,17 @@ GPU_CASES = [(fmt, fam, (SHAPES + [(3, 300, 512)])[(i + j) % 4]) for i, fmt in e
                          ids=["-".join(f) + f"-{fam}-" + "x".join(map(str, sh)) for f, fam, sh in GPU_CASES])
 def test_every_format_family_on_gpu(fmt, family, shape, rng):
     _run_case(fmt, family, shape, torch.bfloat16, rng, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [(128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (64, 64, 128, 4, 3)],
+                         ids=lambda t: "x".join(map(str, t[:3])))
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: "-".join(f))
+def test_swapab_token_tiles_on_gpu(fmt, tile, rng):
+    """The wide token tiles the tuner times (``SwapAB._wide_candidates``) at a prefill-sized M with tails."""
+    bm, bn, bk, w, st = tile
+    _run_case(fmt, "swapab", (300, 1000, 2048), torch.bfloat16, rng, device="cuda",
+              cfg=configs.DenseConfig("swapab", bm, bn, bk, 1, 8, w, st))
 
 
 @pytest.mark.interpret

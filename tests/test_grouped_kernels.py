@@ -65,6 +65,42 @@ def test_grouped_split_k_on_gpu(scheme, split, rng):
           config=KernelConfig("grouped", 16, 64, 128, split, 8, 4, 3))
 
 
+SWAP = [(16, 32, 128), (32, 16, 64), (64, 32, 64)]  # (rows per tile, weight rows, K tile) of grouped_swapab
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("tile", SWAP, ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize("scheme", FORMATS)
+def test_grouped_swapab_interpreted(scheme, tile, rng):
+    """The swap-AB loop: experts spanning several row tiles (partial last tiles), one empty; 16-row tiles keep
+    the scale on the partial product, wider ones scale the weight before the dot."""
+    from humming_triton.calls import KernelConfig
+    bm, bn, bk = tile
+    _case(scheme, [3, 0, 70, 1, 33], 37, 384, torch.float16, rng,
+          config=KernelConfig("grouped_swapab", bm, bn, bk, 1, 8, 4, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [(16, 64, 128, 4, 3), (64, 128, 64, 8, 4), (128, 128, 64, 8, 4), (256, 64, 64, 4, 4)],
+                         ids=lambda t: "x".join(map(str, t[:3])))
+@pytest.mark.parametrize("scheme", FORMATS)
+def test_grouped_swapab_on_gpu(scheme, tile, rng):
+    from humming_triton.calls import KernelConfig
+    bm, bn, bk, w, st = tile
+    counts = [int(c) for c in torch.randint(0, 300, (16,), generator=rng)]
+    counts[3] = 0
+    _case(scheme, counts, 1536, 2048 if "g64" not in scheme else 1024, torch.bfloat16, rng, device="cuda",
+          config=KernelConfig("grouped_swapab", bm, bn, bk, 1, 8, w, st))
+
+
+def test_grouped_swapab_refuses_quantized_activations(monkeypatch, rng):
+    from humming_triton.calls import KernelConfig
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="16-bit activations"):
+        _case("w8a8-fp8", [2, 3], 32, 128, torch.float16, rng,
+              config=KernelConfig("grouped_swapab", 16, 32, 128, 1, 8, 4, 2))
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize("scheme", ACT_FORMATS)
 def test_grouped_quantized_activations_interpreted(scheme, rng):

@@ -25,7 +25,8 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
     """``y[r] = x[r] @ dequant(qw[e]).T (+ bias[e])`` for rows ``offsets[e] <= r < offsets[e+1]``; for an
     activation-quantized scheme x is quantized first (all rows at once, as the reference does) and the tiles
     run on its codes like the dense quantized-activation path.  ``config`` (family ``grouped``: tiles, warps,
-    stages) is dispatch's measured choice; without one the tiles follow the rows per expert."""
+    stages; or family ``grouped_swapab``: the swap-AB loop, 16-bit activations) is dispatch's measured choice;
+    without one the tiles follow the rows per expert."""
     if qw.k_perm is not None and qw.scheme.act is not None:
         raise NotImplementedError(f"act-order (k_perm) experts with quantized activations ({qw.scheme.name}) have "
                                   f"no Triton grouped GEMM")
@@ -45,13 +46,16 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
         bm, bn, bk = config.block_m, config.block_n, config.block_k
         num_warps, num_stages = config.num_warps, config.num_stages
     act = qw.scheme.act
+    swap = config is not None and config.family == "grouped_swapab"
+    if swap and act is not None:
+        raise ValueError(f"the swap-AB grouped loop takes 16-bit activations, not {qw.scheme.name}'s codes")
     bm, block_n = block_m or bm, block_n or bn
     kind = act_kind(act, bm)  # fp8 codes: fp8 mma.sync on 16-row tiles, a bf16 MMA on larger ones
     bk = configs.fit_block_k(block_k or bk, _format(qw)["GROUP_K"], k, qw.scheme.bits)
     if act is not None:
         bk = act_block_k(bk, qw.scheme, k)
     fmt = _launch_format(qw, bk)
-    post = post_scale(fmt, bk)
+    post = post_scale(fmt, bk) and not (swap and bm > 16)  # swap-AB above 16 rows: the scale before the dot
     if kind == 0 and packed_int4(fmt, post, x.dtype):
         kind = 6  # signed int4 with a scale per tile: the packed decode (_dense_tiled.tile_matmul)
     kind = int_decode_kind(kind, fmt, post, k, act, grouped=True) if act is not None else kind
@@ -89,6 +93,6 @@ def triton_grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tenso
         zeros.stride(0), zeros.stride(1), zeros.stride(2), b.stride(0) if bias is not None else 0, y.stride(0),
         stride_xsm, stride_ge, stride_pe, E_POW2=triton.next_power_of_2(e), BLOCK_M=bm, BLOCK_N=block_n, SPLIT_K=split,
         BLOCK_K=bk, POST_SCALE=post, DOT_F32=interpreting() or x.dtype == torch.float32, EVEN_K=k % bk == 0,
-        HAS_BIAS=bias is not None, HAS_PERM=qw.k_perm is not None, ACT_KIND=kind, ACT_GROUP_K=act_group, num_warps=num_warps,
-        num_stages=num_stages, **{**fmt, "HAS_GLOBAL": has_global})
+        HAS_BIAS=bias is not None, HAS_PERM=qw.k_perm is not None, ACT_KIND=kind, ACT_GROUP_K=act_group,
+        SWAP_AB=swap, num_warps=num_warps, num_stages=num_stages, **{**fmt, "HAS_GLOBAL": has_global})
     return y

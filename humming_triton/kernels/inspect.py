@@ -80,7 +80,7 @@ def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: st
     kind = int_decode_kind(kind, fmt, post, k, s.act, grouped=True) if s.act is not None else kind
     consts = dict(E_POW2=triton.next_power_of_2(experts), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=1,
                   POST_SCALE=post, DOT_F32=False, EVEN_K=k % block_k == 0, HAS_BIAS=False, HAS_PERM=act_order,
-                  ACT_KIND=kind,
+                  ACT_KIND=kind, SWAP_AB=False,
                   ACT_GROUP_K=(s.act.group_k or 1 << 30) if s.act is not None else 1,
                   **{**fmt, "HAS_GLOBAL": fmt["HAS_GLOBAL"] or (s.act is not None and s.act.global_scale)})
     ptrs = {**_pointer_types(s, act, 1), "offsets_ptr": "*i64", "tile_cum_ptr": "*i32", "cnt_ptr": "*i32",
