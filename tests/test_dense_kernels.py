@@ -159,14 +159,16 @@ def test_every_format_family_on_gpu(fmt, family, shape, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", [(128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (64, 64, 128, 4, 3)],
-                         ids=lambda t: "x".join(map(str, t[:3])))
+@pytest.mark.parametrize("m,pick", [(300, 0), (300, -1), (40, 0), (40, -1)], ids=["300-first", "300-last", "40-first",
+                                                                                "40-last"])
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: "-".join(f))
-def test_swapab_token_tiles_on_gpu(fmt, tile, rng):
-    """The wide token tiles the tuner times (``SwapAB._wide_candidates``) at a prefill-sized M with tails."""
-    bm, bn, bk, w, st = tile
-    _run_case(fmt, "swapab", (300, 1000, 2048), torch.bfloat16, rng, device="cuda",
-              cfg=configs.DenseConfig("swapab", bm, bn, bk, 1, 8, w, st))
+def test_swapab_token_tiles_on_gpu(fmt, m, pick, rng):
+    """The wide token tiles the tuner times (the family's own candidates for this format and M) with tails."""
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    call = Call("quant_linear", _scheme(fmt), torch.bfloat16, m, 1000, 2048)
+    _run_case(fmt, "swapab", (m, 1000, 2048), torch.bfloat16, rng, device="cuda",
+              cfg=families.get("swapab").candidates(call)[pick])
 
 
 @pytest.mark.interpret

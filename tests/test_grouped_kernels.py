@@ -81,16 +81,18 @@ def test_grouped_swapab_interpreted(scheme, tile, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", [(16, 64, 128, 4, 3), (64, 128, 64, 8, 4), (128, 128, 64, 8, 4), (256, 64, 64, 4, 4)],
-                         ids=lambda t: "x".join(map(str, t[:3])))
+@pytest.mark.parametrize("rows,pick", [(10, 0), (150, 0), (150, -1), (400, -1)])
 @pytest.mark.parametrize("scheme", FORMATS)
-def test_grouped_swapab_on_gpu(scheme, tile, rng):
-    from humming_triton.calls import KernelConfig
-    bm, bn, bk, w, st = tile
-    counts = [int(c) for c in torch.randint(0, 300, (16,), generator=rng)]
+def test_grouped_swapab_on_gpu(scheme, rows, pick, rng):
+    """The family's own candidates (``grouped_swapab``) for ``rows`` routed rows per expert on average."""
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    counts = [int(c) for c in torch.randint(0, 2 * rows, (16,), generator=rng)]
     counts[3] = 0
-    _case(scheme, counts, 1536, 2048 if "g64" not in scheme else 1024, torch.bfloat16, rng, device="cuda",
-          config=KernelConfig("grouped_swapab", bm, bn, bk, 1, 8, w, st))
+    n, k = 1536, 2048 if "g64" not in scheme else 1024
+    call = Call("grouped_linear", ht.QuantScheme.parse(scheme), torch.bfloat16, sum(counts), n, k, experts=16)
+    _case(scheme, counts, n, k, torch.bfloat16, rng, device="cuda",
+          config=families.get("grouped_swapab").candidates(call)[pick])
 
 
 def test_grouped_swapab_refuses_quantized_activations(monkeypatch, rng):

@@ -29,8 +29,8 @@ class GroupedSwapAB(Family):
         out = []
         for bm in bms:
             for bn, bk, w, st in shapes:
-                if bm * bn // (w * 32) > 128 or (heavy and bn * bk > 8192):
-                    continue  # fp32 accumulator / gathered-code registers per thread
+                if bm * bn // (w * 32) > 128 or (heavy and bn * bk > 4096):
+                    continue  # fp32 accumulator registers per thread; gathered codes overflow shared memory
                 out.append(KernelConfig(self.name, bm, bn, bk, 1, 8, w, st))
         return out
 

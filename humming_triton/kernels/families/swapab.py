@@ -54,8 +54,8 @@ class SwapAB(Family):
             for bn, bk, w, st in shapes:
                 if bm * bn // (w * 32) > 128:  # fp32 accumulator registers per thread
                     continue
-                if 32 % call.scheme.bits and bn * bk > 8192:
-                    continue
+                if 32 % call.scheme.bits and bn * bk > 4096:
+                    continue  # codes gathered from two words: larger tiles overflow shared memory (H200)
                 sk = 2 if m <= 64 and bn == 64 else 1  # 64 tokens make few tiles: split K to fill the SMs
                 out.append(KernelConfig("swapab", bm, bn, bk, sk, 8, w, st))
         return out
