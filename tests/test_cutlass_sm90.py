@@ -378,3 +378,77 @@ def test_backend_cutlass_through_the_op_and_graph_replay(rng):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, y)
+
+
+# ---- MXFP4 on the e4m3 kernels (family cutlass_mx_e4m3) ---------------------------------------------------------
+
+def _mx_family():
+    from humming_triton.kernels import families
+    return families.get("cutlass_mx_e4m3")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_mx_e4m3_emulated_matches_reference(shape, dtype, rng):
+    """The e4m3 rows the family hands the kernel, read back as CUTLASS reads format 6 / 7, are the MXFP4 weight."""
+    n, k = shape
+    qw = _weight("mxfp4", n, k, rng)
+    p = _mx_family().packed(qw, dtype)
+    assert p.fmt == (6 if dtype == torch.bfloat16 else 7) and p.group == 0
+    assert _mx_family().packed(qw, dtype) is p  # cached on the weight
+    for m in (1, 33):
+        x = torch.randn(m, k, generator=rng).to(dtype)
+        ref = ht.reference_linear(x, qw, out_dtype=torch.float32).double()
+        got = mg.emulate(x, p, qw.bias.to(dtype))
+        ref16 = ref - qw.bias.double() + qw.bias.to(dtype).double()
+        assert_linear_close(got, ref16, x.float(), ht.dequantize_weight(qw), dtype, f"mxfp4 {shape} M={m}")
+
+
+def test_mx_e4m3_wide_rows_have_no_view(rng):
+    """A row whose block exponents span more than 8 binades is no e4m3 row: the family says so (and its run
+    would take dequant_mm)."""
+    qw = _weight("mxfp4", 8, 256, rng)
+    scales = qw.scales.clone()
+    scales[0, 0], scales[0, 1] = 100, 120  # 20 binades apart in row 0
+    wide = dataclasses.replace(qw, scales=scales, cache={})
+    why = _mx_family().packed(wide, torch.bfloat16)
+    assert isinstance(why, str) and "binades" in why
+
+
+@pytest.mark.parametrize("scheme,dtype,why", [
+    ("nvfp4", torch.bfloat16, "converts MXFP4"), ("w4a16", torch.bfloat16, "converts MXFP4"),
+    ("w4a8-mxfp4", torch.bfloat16, "quantizes its activations"), ("mxfp4", torch.float32, "bf16 / fp16 only")])
+def test_mx_e4m3_reasons(scheme, dtype, why):
+    call = Call("quant_linear", ht.QuantScheme.parse(scheme), dtype, 16, 256, 1024, device_type="cpu")
+    got = _mx_family().reason(call)
+    assert got is not None and why in got, got
+
+
+def test_mx_e4m3_shape_rule_and_cpu_call():
+    mx = ht.QuantScheme.parse("mxfp4")
+    assert "N=100" in _mx_family().reason(Call("quant_linear", mx, torch.bfloat16, 16, 100, 1024, device_type="cpu"))
+    assert _mx_family().reason(Call("quant_linear", mx, torch.bfloat16, 16, 256, 1024, device_type="cpu")) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES[:2] + [(4096, 4096)], ids=lambda s: "x".join(map(str, s)))
+def test_mx_e4m3_kernel_matches_reference(shape, rng):
+    why = mg.available(6)
+    if why:
+        pytest.fail(why)
+    fam, dtype = _mx_family(), torch.bfloat16
+    n, k = shape
+    qw = _weight("mxfp4", n, k, rng).to("cuda")
+    w_hat = ht.dequantize_weight(qw.to("cpu"))
+    for m in (1, 7, 100, 300):
+        x = torch.randn(m, k, generator=rng).to(dtype)
+        ref = ht.reference_linear(x, qw.to("cpu"), out_dtype=torch.float32).double()
+        ref16 = ref - qw.bias.double().cpu() + qw.bias.to(dtype).double().cpu()
+        call = Call("quant_linear", qw.scheme, dtype, m, n, k)
+        assert fam.reason(call) is None
+        assert fam.candidates(call)
+        for cfg in fam.candidates(call):
+            out = poison_like(torch.empty(m, n, dtype=dtype, device="cuda"))
+            y = fam.run(x.cuda(), x.cuda(), qw, qw.bias, dtype, cfg, out)
+            assert y.data_ptr() == out.data_ptr()
+            assert_linear_close(y.cpu(), ref16, x.float(), w_hat, dtype, f"mxfp4 {shape} M={m} {cfg.describe()}")

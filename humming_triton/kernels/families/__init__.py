@@ -98,6 +98,15 @@ def packed_int4(fmt: dict, post: bool, dtype) -> bool:
             and dtype.itemsize == 2)
 
 
+SHARED_BYTES = 232448  # per block on sm_90 (H100 / H200), the largest of the supported targets
+
+
+def swap_tile_fits(bm: int, bn: int, bk: int, stages: int, bits: int) -> bool:
+    """Whether a swap-AB tile's pipeline (x's bm x bk 16-bit tiles and the weight's bn x bk codes, ``stages``
+    deep, as Triton lays them out) fits in shared memory, with 4 KB left for the kernel's scratch."""
+    return stages * (bm * bk * 2 + bn * bk * bits // 8) + 4096 <= SHARED_BYTES
+
+
 def sixteen_bit_reason(call: Call) -> str | None:
     if call.scheme.act is not None:
         return f"{call.scheme.name} quantizes its activations (this family takes 16-bit activations)"

@@ -54,29 +54,43 @@ class CutlassMixed(Family):
     backend = "cutlass"
 
     def reason(self, call: Call) -> str | None:
-        from cutlass_ext.mixed_gemm import weight_reason
         if call.op != "quant_linear" or call.experts:
             return "the CUTLASS mixed-input GEMM runs dense linear layers"
         if call.act_order:
             return "act-order weights (the kernel reads K in stored order)"
         if call.facts is not None and tuple(getattr(call.facts, "sm", (9, 0))) != (9, 0):
             return f"sm_90a kernels run on SM 9.0 only (this GPU is SM {'.'.join(map(str, call.facts.sm))})"
-        why = weight_reason(call.scheme, call.n, call.k, call.dtype)
+        why = self.weight_reason(call)
         if why is None and call.device_type == "cuda":
-            from cutlass_ext.mixed_gemm import available, format_of
-            why = available(format_of(call.scheme, call.dtype)[0])
+            from cutlass_ext.mixed_gemm import available
+            why = available(self.format_id(call))
         return why
+
+    def weight_reason(self, call: Call) -> str | None:
+        from cutlass_ext.mixed_gemm import weight_reason
+        return weight_reason(call.scheme, call.n, call.k, call.dtype)
+
+    def format_id(self, call: Call) -> int:
+        """The csrc_sm90 format (cutlass_ext.mixed_gemm.FORMATS) this family runs the call's weight as."""
+        from cutlass_ext.mixed_gemm import format_of
+        return format_of(call.scheme, call.dtype)[0]
+
+    def group(self, call: Call) -> int:
+        """The scale group the kernel sees (0: channel scales)."""
+        return 0 if call.scheme.scale.block_k == 0 else call.scheme.group_k(call.k)
+
+    def packed(self, qw, dtype):
+        return packed_view(qw, dtype)
 
     def mma(self, call: Call) -> str:
         return "wgmma"
 
-    @staticmethod
-    def _why_not(call: Call, v: int) -> str | None:
+    def _why_not(self, call: Call, v: int) -> str | None:
         """Why variant ``v`` cannot run this call: the weight's group refuses its K tile, or the loaded library
         does not hold it (a partial build)."""
-        from cutlass_ext.mixed_gemm import built_variants, format_of, variant_reason
-        why = variant_reason(v, 0 if call.scheme.scale.block_k == 0 else call.scheme.group_k(call.k))
-        if why is None and call.device_type == "cuda" and v not in built_variants(format_of(call.scheme, call.dtype)[0]):
+        from cutlass_ext.mixed_gemm import built_variants, variant_reason
+        why = variant_reason(v, self.group(call))
+        if why is None and call.device_type == "cuda" and v not in built_variants(self.format_id(call)):
             why = f"the loaded native library does not hold CUTLASS variant {v} of this format"
         return why
 
@@ -100,6 +114,10 @@ class CutlassMixed(Family):
             return str(e)
 
     def run(self, x, x2, qw, bias, out_dtype, cfg: KernelConfig, out):
+        p = self.packed(qw, x2.dtype)
+        if isinstance(p, str):  # a weight this family's change of format cannot hold exactly
+            from .scaled_mm_mx import dequant_instead
+            return dequant_instead(self.name, p, x, x2, qw, bias, out_dtype, out)
         m, n = x2.shape[0], qw.N
         y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=x2.device)
         if m == 0:
@@ -110,10 +128,56 @@ class CutlassMixed(Family):
             b = bias if bias.dtype == x2.dtype and bias.is_contiguous() else _cast_bias(qw, bias, x2.dtype)
         target = y if y.dtype == x2.dtype and y.is_contiguous() else torch.empty(m, n, dtype=x2.dtype,
                                                                                  device=x2.device)
-        mg.run(x2, packed_view(qw, x2.dtype), b, target, variant_of(cfg))
+        mg.run(x2, p, b, target, variant_of(cfg))
         if target is not y:
             y.copy_(target)
         return y
 
 
 register(CutlassMixed())
+
+
+class CutlassMXE4M3(CutlassMixed):
+    """``cutlass_mx_e4m3``: MXFP4 weights on the e4m3 CUTLASS kernels (formats 6 / 7: e4m3 codes, an fp32 row scale
+    on the accumulator), by the exact change of format of ``scaled_mm_mx.as_e4m3_rows`` -- each block's e2m1
+    values times 2^(block exponent - row exponent) are e4m3 values, the row exponent the row scale.  Why: MXFP4's
+    32-wide e8m0 groups have no CUTLASS mainloop (e2m1 is no mixed-input type of CUTLASS 4.2), and the e4m3 kernel
+    runs at int8 speed (w8a16-fp8 8192^2 M = 256: 56 us against dequantize + cuBLAS's 104 for MXFP4).  Costs one
+    byte per weight, cached (the same view ``scaled_mm_mx`` uses).  A weight whose rows span more than 8 binades
+    of block exponents runs through ``dequant_mm`` (with a warning)."""
+    name = "cutlass_mx_e4m3"
+
+    def weight_reason(self, call: Call) -> str | None:
+        from .scaled_mm_mx import mxfp4_weight_reason
+        why = mxfp4_weight_reason(call.scheme, self.name)
+        if why:
+            return why
+        if call.scheme.act is not None:
+            return f"{call.scheme.name} quantizes its activations (these kernels take 16-bit activations)"
+        if call.dtype not in (torch.bfloat16, torch.float16):
+            return f"{call.dtype} activations (bf16 / fp16 only)"
+        if call.k % 16 or call.n % 8:
+            return f"N={call.n}, K={call.k}: TMA needs 16-byte rows (K a multiple of 16, N of 8)"
+        return None
+
+    def format_id(self, call: Call) -> int:
+        return 6 if call.dtype == torch.bfloat16 else 7
+
+    def group(self, call: Call) -> int:
+        return 0
+
+    def packed(self, qw, dtype):
+        """``mg.Packed`` of the weight's e4m3 rows, or why it has none (made once, cached on the weight)."""
+        from .scaled_mm_mx import e4m3_view
+
+        def make():
+            view = e4m3_view(qw)
+            if isinstance(view, str):
+                return view
+            codes, scales = view
+            return mg.Packed(6 if dtype == torch.bfloat16 else 7, codes.view(torch.uint8), scales, None, qw.N,
+                             qw.K, 0)
+        return qw.cached_view("cutlass", ("mx_e4m3", dtype), make)
+
+
+register(CutlassMXE4M3())

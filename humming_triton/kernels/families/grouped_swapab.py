@@ -5,7 +5,7 @@ weight format; opt-in until the device's measured table has timed it."""
 from __future__ import annotations
 
 from ...calls import Call, KernelConfig
-from . import Family, register, sixteen_bit_reason, tile_mma
+from . import Family, register, sixteen_bit_reason, swap_tile_fits, tile_mma
 
 
 class GroupedSwapAB(Family):
@@ -29,7 +29,8 @@ class GroupedSwapAB(Family):
         out = []
         for bm in bms:
             for bn, bk, w, st in shapes:
-                if bm * bn // (w * 32) > 128 or (heavy and bn * bk > 4096):
+                if bm * bn // (w * 32) > 128 or (heavy and bn * bk > 4096) or \
+                        not swap_tile_fits(bm, bn, bk, st, call.scheme.bits):
                     continue  # fp32 accumulator registers per thread; gathered codes overflow shared memory
                 out.append(KernelConfig(self.name, bm, bn, bk, 1, 8, w, st))
         return out

@@ -53,6 +53,27 @@ def as_e4m3_rows(qw) -> tuple[torch.Tensor, torch.Tensor] | str:
     return out, scales
 
 
+def mxfp4_weight_reason(scheme, family: str) -> str | None:
+    """None for an MXFP4 weight (e2m1 codes, an e8m0 scale per row and 32 of K, no global scale), else why
+    ``family`` (which runs it as e4m3 rows) cannot take it."""
+    sc = scheme.scale
+    if str(scheme.weight) != "e2m1" or str(sc.dtype) != "e8m0" or sc.block_k != 32 or (sc.block_n or 0) != 1 \
+            or sc.global_scale or scheme.zero != "none":
+        return f"{scheme.name}: {family} converts MXFP4 weights (e2m1, e8m0 per 32)"
+    return None
+
+
+def dequant_instead(family: str, why: str, x, x2, qw, bias, out_dtype, out):
+    """A weight whose rows e4m3 cannot hold exactly: dequant_mm runs it (same result), with a warning the first
+    time per weight."""
+    from . import get
+    state = qw.cache.setdefault("torch", {})
+    if not state.get("mx_e4m3_warned"):
+        state["mx_e4m3_warned"] = True
+        warnings.warn(f"{family}: {why}; this weight runs through dequant_mm instead", stacklevel=3)
+    return get("dequant_mm").run(x, x2, qw, bias, out_dtype, KernelConfig("dequant_mm", 1, 32, 128), out)
+
+
 def e4m3_view(qw):
     """``as_e4m3_rows(qw)``, made once and cached on the weight (made again after an edit of its tensors)."""
     return qw.cached_view("torch", "mx_e4m3_rows", lambda: as_e4m3_rows(qw))
@@ -62,23 +83,17 @@ class ScaledMMMX(RowwiseFP8):
     name = "scaled_mm_mx"
 
     def weight_reason(self, call: Call) -> str | None:
-        s = call.scheme
-        if str(s.weight) != "e2m1" or str(s.scale.dtype) != "e8m0" or s.scale.block_k != 32 \
-                or (s.scale.block_n or 0) != 1 or s.scale.global_scale:
-            return f"{s.name}: this family converts MXFP4 weights (e2m1, e8m0 per 32)"
+        why = mxfp4_weight_reason(call.scheme, self.name)
+        if why:
+            return why
         if call.k % 32 or call.n % 16:
             return f"_scaled_mm needs N a multiple of 16 and K of 32 here (got N={call.n}, K={call.k})"
         return None
 
     def run(self, x, x2, qw, bias, out_dtype, cfg, out):
-        from . import get
         view = e4m3_view(qw)
         if isinstance(view, str):
-            state = qw.cache.setdefault("torch", {})
-            if not state.get("mx_e4m3_warned"):
-                state["mx_e4m3_warned"] = True
-                warnings.warn(f"scaled_mm_mx: {view}; this weight runs through dequant_mm instead", stacklevel=2)
-            return get("dequant_mm").run(x, x2, qw, bias, out_dtype, KernelConfig("dequant_mm", 1, 32, 128), out)
+            return dequant_instead(self.name, view, x, x2, qw, bias, out_dtype, out)
         w, scales = view
         return rowwise_fp8(x2, qw, w, scales.reshape(1, -1), bias, out_dtype, out)
 

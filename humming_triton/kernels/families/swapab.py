@@ -13,7 +13,7 @@ import triton
 from ...calls import Call, KernelConfig, interpreting
 from .._dense_swapab import dense_swapab_kernel
 from ..launch import LaunchSpec, post_scale
-from . import Family, base_constexprs, packed_int4, register, sixteen_bit_reason, tile_mma
+from . import Family, base_constexprs, packed_int4, register, sixteen_bit_reason, swap_tile_fits, tile_mma
 
 MAX_M = 16
 
@@ -52,8 +52,8 @@ class SwapAB(Family):
         out = []
         for bm in bms:
             for bn, bk, w, st in shapes:
-                if bm * bn // (w * 32) > 128:  # fp32 accumulator registers per thread
-                    continue
+                if bm * bn // (w * 32) > 128 or not swap_tile_fits(bm, bn, bk, st, call.scheme.bits):
+                    continue  # fp32 accumulator registers per thread; shared memory
                 if 32 % call.scheme.bits and bn * bk > 4096:
                     continue  # codes gathered from two words: larger tiles overflow shared memory (H200)
                 sk = 2 if m <= 64 and bn == 64 else 1  # 64 tokens make few tiles: split K to fill the SMs
