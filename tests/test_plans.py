@@ -154,6 +154,16 @@ def test_no_plan_for_fake_tensors_or_reference(rng):
         assert not plans.usable(fx)
 
 
+def test_quantized_activation_decode_has_no_lean_runner(rng):
+    """The weight-only runner would skip the activation quantization: the act family must not inherit it."""
+    from humming_triton.calls import KernelConfig
+    from humming_triton.kernels import families
+    qw, bias = _layer(rng, "w4a8-mxfp4", n=64, k=256)
+    x2 = torch.randn(2, 256, generator=rng)
+    cfg = KernelConfig("mma_decode_act", 16, 32, 64, 8, 8, 16, 1)
+    assert families.get("mma_decode_act").runner(x2, qw, bias, torch.float32, cfg, (2, 64)) is None
+
+
 # --- GPU: the native decode kernel's lean runner -------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("scheme,dtype", [("w4a16", torch.bfloat16), ("w4a16", torch.float16),
@@ -187,6 +197,27 @@ def test_native_runner_on_gpu(scheme, dtype, m, rng):
     torch.cuda.synchronize()
     torch.testing.assert_close(static_y.float(), ht.quant_linear(x * 2, qw, bias, backend="cuda").float(),
                                rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["w8a8-fp8", "w4a8-mxfp4", "w8a8-int8", "w4a8-fp8"])
+@pytest.mark.parametrize("m", [1, 16])
+def test_quantized_activation_repeats_on_gpu(scheme, m, rng):
+    """A repeated call of a quantized-activation scheme on the native decode kernel (the call plan's path) gives the
+    first call's result bit for bit, and the reference's (activations quantized as the scheme says)."""
+    from cutlass_ext.native import unavailable
+    if unavailable():
+        pytest.fail(f"the native library is needed for this test: {unavailable()}")
+    qw, bias = _layer(rng, scheme, n=256, k=512, device="cuda")
+    x = torch.randn(m, 512, generator=rng).to("cuda", torch.bfloat16)
+    bias = bias.to(torch.bfloat16)
+    first = ht.quant_linear(x, qw, bias, backend="cuda")
+    again = ht.quant_linear(x, qw, bias, backend="cuda")
+    assert torch.equal(first, again)
+    cpu = qw.to("cpu")
+    ref = ht.quant_linear(x.cpu().float(), cpu, bias.cpu().float(), backend="reference")
+    xq = ht.dequantize_activation(ht.quantize_activation(x.cpu().float(), cpu.scheme.act, cpu.input_scale))
+    assert_linear_close(again.cpu(), ref, xq, ht.dequantize_weight(cpu), torch.float32, f"{scheme} M={m}")
 
 
 
