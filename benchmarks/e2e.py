@@ -15,9 +15,11 @@ tokens/s vs bf16 per variant; rows under ``generate`` in the JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import inspect
 import json
+import os
 import sys
 import time
 
@@ -104,6 +106,20 @@ def _retime_interleaved(timers, device, reps: int) -> None:
         rec[key] = sorted(ts)[len(ts) // 2]
 
 
+@contextlib.contextmanager
+def _compile_triton():
+    """HUMMING_TRITON_COMPILE_TRITON=1 for the duration (the triton_op path: kernels/compiled.py)."""
+    before = os.environ.get("HUMMING_TRITON_COMPILE_TRITON")
+    os.environ["HUMMING_TRITON_COMPILE_TRITON"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["HUMMING_TRITON_COMPILE_TRITON"]
+        else:
+            os.environ["HUMMING_TRITON_COMPILE_TRITON"] = before
+
+
 def run(args) -> dict:
     device = torch.device("cpu" if args.cpu else "cuda")
     dtype = torch.float32 if args.cpu else torch.bfloat16
@@ -150,6 +166,20 @@ def run(args) -> dict:
                 rec["compile_rel_diff_vs_eager"] = float((out - logits).norm() / logits.norm())
             except Exception as e:  # noqa: BLE001
                 rec["compile_error"] = f"{type(e).__name__}: {e}"[:300]
+        if "error" not in rec and args.compile_triton and scheme and device.type == "cuda":
+            try:  # the opt-in triton_op path, on a copy (dynamo's cache is per module: the copy is traced anew)
+                twin = torch.compile(copy.deepcopy(model), fullgraph=True)
+
+                def call_twin(twin=twin):
+                    with _compile_triton():
+                        return twin(ids, use_cache=False)
+                with torch.no_grad():
+                    rec["compile_triton_s"] = _time(call_twin, device, args.reps)
+                    timers.append((rec, "compile_triton_s", call_twin))
+                    out = call_twin().logits.float()
+                rec["compile_triton_rel_diff_vs_eager"] = float((out - logits).norm() / logits.norm())
+            except Exception as e:  # noqa: BLE001
+                rec["compile_triton_error"] = f"{type(e).__name__}: {e}"[:300]
         records.append(rec)
         print(_row(rec, records[0]), flush=True)
         if args.generate and "error" not in rec:
@@ -337,12 +367,13 @@ def _dequantized_twin(qmodel, base):
 def _row(rec: dict, bf16: dict) -> str:
     if "error" in rec:
         return f"{rec['scheme']:>10}: failed: {rec['error']}"
-    fails = "".join(f"  [{k}: {rec[k]}]" for k in ("graph_error", "compile_error") if k in rec)
+    fails = "".join(f"  [{k}: {rec[k]}]" for k in ("graph_error", "compile_error", "compile_triton_error")
+                    if k in rec)
     parts = [f"{rec['scheme']:>10}:"]
-    for key in ("eager_s", "graph_s", "compile_s"):
+    for key in ("eager_s", "graph_s", "compile_s", "compile_triton_s"):
         if key in rec:
             tps = rec["batch"] / rec[key]
-            ratio = bf16.get(key, rec[key]) / rec[key]
+            ratio = bf16.get(key.replace("_triton", ""), rec[key]) / rec[key]
             parts.append(f"{key[:-2]} {tps:8.1f} tok/s ({ratio:.2f}x bf16)")
     if "rel_err_vs_dequantized" in rec:
         parts.append(f"err {rec['rel_err_vs_dequantized']:.1e} [{rec.get('backend')}"
@@ -366,6 +397,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-interleave", dest="interleave", action="store_false",
                     help="GPU: keep the sequential pass's times (default: re-time every variant in interleaved rounds)")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(fullgraph=True)")
+    ap.add_argument("--compile-triton", action="store_true",
+                    help="GPU, with --compile: also time each quantized model compiled with the opt-in triton_op path "
+                         "(HUMMING_TRITON_COMPILE_TRITON=1), interleaved with the default: a same-run A/B")
     ap.add_argument("--generate", action="store_true",
                     help="also time HF generate with a static KV cache, eager and compiled (reduce-overhead)")
     ap.add_argument("--prompt-len", type=int, default=32, help="--generate: prompt tokens")
