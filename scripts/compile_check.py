@@ -99,6 +99,15 @@ def dump(path: str) -> int:
         ins.grouped_report(preset, 1536, 2048, 128, rows=rows)
     for preset, rows in (("w4a16", 8), ("w4a16", 32768), ("w3a16", 8)):  # act-order (GPTQ desc_act) experts
         ins.grouped_report(preset, 1536, 2048, 128, rows=rows, act_order=True)
+    # the swap-AB loop: grouped (16-row tiles with the scale on the partial, wide ones scaling the weight) and dense
+    # above 16 tokens (the family's first wide tile), which the smallest-M pass above does not reach
+    for preset, rows in (("w4a16", 2048), ("w4a16", 32768), ("mxfp4", 32768), ("w3a16", 32768), ("nvfp4", 2048)):
+        ins.grouped_report(preset, 1536, 2048, 128, rows=rows, swap=True)
+    swap = families.get("swapab")
+    for preset in ("w4a16", "w4a16-asym", "w3a16", "w8a16", "mxfp4", "nvfp4"):
+        call = Call("quant_linear", QuantScheme.parse(preset), torch.bfloat16, 256, 4096, 4096)
+        if not swap.reason(call):
+            ins.compile_report(preset, 256, 4096, 4096, cfg=swap.candidates(call)[0])
     from humming_triton.kernels import configs
     from humming_triton.kernels._dequant import dequant_kernel
     from humming_triton.kernels.format_args import format_constexprs

@@ -22,6 +22,7 @@ import torch
 from ..calls import Call, KernelConfig
 from ..formats.scheme import QuantScheme
 from . import configs, families
+from .families import packed_int4
 from .format_args import format_constexprs
 from .launch import launch_format
 
@@ -61,14 +62,21 @@ def compile_report(scheme: str, m: int, n: int, k: int, cfg: KernelConfig | None
 
 
 def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: str = "bf16", arch: int = 90,
-                   act_order: bool = False) -> dict:
+                   act_order: bool = False, swap: bool = False) -> dict:
     """The same report for the grouped (MoE) kernel with the tiles its launcher picks for ``rows`` routed rows
-    (``act_order``: experts with a K permutation, gathered in the kernel)."""
+    (``act_order``: experts with a K permutation, gathered in the kernel; ``swap``: the ``grouped_swapab``
+    family's first candidate, 16-bit activations)."""
     from ._grouped_tiled import grouped_tiled_kernel
     from .dense import act_block_k, act_kind, int_decode_kind
     from .launch import post_scale
     s = QuantScheme.parse(scheme)
     block_m, block_n, block_k = configs.grouped_tiles(rows, experts, s.bits, s.zero != "none")
+    warps, stages = 4, 3
+    if swap:
+        dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}.get(act, act))
+        cfg = families.get("grouped_swapab").candidates(Call("grouped_linear", s, dtype, rows, n, k, experts))[0]
+        block_m, block_n, block_k, warps, stages = cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, \
+            cfg.num_stages
     kind = act_kind(s.act, block_m)
     fmt = format_constexprs(s, n, k)
     block_k = configs.fit_block_k(block_k, fmt["GROUP_K"], k, s.bits)
@@ -76,18 +84,20 @@ def grouped_report(scheme: str, n: int, k: int, experts: int, rows: int, act: st
         block_k = act_block_k(block_k, s, k)
     if fmt["GROUP_K"] >= k:
         fmt["GROUP_K"] = max(k, block_k)
-    post = post_scale(fmt, block_k)
+    post = post_scale(fmt, block_k) and not (swap and block_m > 16)
     kind = int_decode_kind(kind, fmt, post, k, s.act, grouped=True) if s.act is not None else kind
+    if swap and kind == 0 and packed_int4(fmt, post, torch.bfloat16 if act == "bf16" else torch.float16):
+        kind = 6
     consts = dict(E_POW2=triton.next_power_of_2(experts), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=1,
                   POST_SCALE=post, DOT_F32=False, EVEN_K=k % block_k == 0, HAS_BIAS=False, HAS_PERM=act_order,
-                  ACT_KIND=kind, SWAP_AB=False,
+                  ACT_KIND=kind, SWAP_AB=swap,
                   ACT_GROUP_K=(s.act.group_k or 1 << 30) if s.act is not None else 1,
                   **{**fmt, "HAS_GLOBAL": fmt["HAS_GLOBAL"] or (s.act is not None and s.act.global_scale)})
     ptrs = {**_pointer_types(s, act, 1), "offsets_ptr": "*i64", "tile_cum_ptr": "*i32", "cnt_ptr": "*i32",
             "xs_ptr": "*u8" if kind in (3, 4) else "*fp32", "perm_ptr": "*i64"}
     if s.act is not None:
         ptrs["x_ptr"] = "*u8"
-    out = _compile(grouped_tiled_kernel, consts, ptrs, dict(N=n, K=k, stride_xm=k), 4, 3, arch)
+    out = _compile(grouped_tiled_kernel, consts, ptrs, dict(N=n, K=k, stride_xm=k), warps, stages, arch)
     return {"scheme": s.name, "N": n, "K": k, "E": experts, "block_m": block_m, "block_n": block_n,
             "block_k": block_k, **out}
 
