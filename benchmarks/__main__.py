@@ -27,7 +27,7 @@ HEADLINE_PEER_BUDGET_S = {"humming": 130.0, "gemlite": 60.0}
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="python3 -m benchmarks", description=__doc__.split("\n\n")[0])
-    p.add_argument("--suite", choices=("headline", "decode", "act", "full"), default="headline")
+    p.add_argument("--suite", choices=("headline", "decode", "act", "moe", "full"), default="headline")
     p.add_argument("--out", default=None, help="output folder (default benchmarks/results/<device-slug>/)")
     p.add_argument("--interpret", action="store_true",
                    help="CPU smoke mode: TRITON_INTERPRET=1, tiny dense cases, ours + torch CPU matmul only")
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     if a.peer_budget_s is not None:
         limits = {k: (a.peer_budget_s if a.peer_budget_s > 0 else None) for k in HEADLINE_PEER_BUDGET_S}
     else:
-        limits = dict(HEADLINE_PEER_BUDGET_S) if suite in ("headline", "decode", "act") else {}
+        limits = dict(HEADLINE_PEER_BUDGET_S) if suite in ("headline", "decode", "act", "moe") else {}
     budget = peers.PeerBudget(limits)
 
     print(f"humming_triton benchmarks: suite={suite} device={device_name} cases={len(cases)} "

@@ -56,8 +56,13 @@ def _dense(schemes, shapes, ms):
     return [DenseCase(s, n, k, m) for s in schemes for (n, k) in shapes for m in ms]
 
 
-def _moe(schemes, ms, e=128, topk=8):
-    return [MoECase(s, e, topk, n, k, m, name) for s in schemes for (name, n, k) in QWEN3_MOE for m in ms]
+# Mixtral-8x7B experts: hidden 4096, intermediate 14336 -> gate_up N = 2 * 14336; 8 experts, top-2
+MIXTRAL = (("gate_up", 28672, 4096), ("down", 4096, 14336))
+MOE_M = (1, 16, 64, 256, 1024, 4096)  # tokens (each routed top-k times)
+
+
+def _moe(schemes, ms, e=128, topk=8, shapes=QWEN3_MOE):
+    return [MoECase(s, e, topk, n, k, m, name) for s in schemes for (name, n, k) in shapes for m in ms]
 
 
 def suite_cases(suite: str) -> list:
@@ -77,6 +82,11 @@ def suite_cases(suite: str) -> list:
                 # long N, short K -- few K iterations per output, the opposite aspect of 4096x14336
                 + _dense(["w4a16"], [(14336, 4096), (28672, 4096)], DECODE_M)
                 + _dense(["w4a4-mxfp4", "w4a4-nvfp4"], [(8192, 8192)], FORMAT_M))
+    if suite == "moe":
+        # the MoE issue's rows: Qwen3-30B-A3B (128 experts, top-8) and Mixtral-8x7B (8 experts, top-2) GEMMs,
+        # 16-bit and fp8 activations, decode to prefill token counts
+        schemes = ["w4a16", "mxfp4", "w4a8-mxfp4"]
+        return _moe(schemes, MOE_M) + _moe(schemes, MOE_M, e=8, topk=2, shapes=MIXTRAL)
     if suite == "act":
         # every activation-quantized scheme of the FP8 / INT8 issue at its M points (the headline holds two of them)
         return _dense(["w8a8-fp8", "w8a8-fp8-block", "w8a8-int8", "w4a8-fp8", "w4a8-int8", "w4a8-mxfp4"],
@@ -84,4 +94,4 @@ def suite_cases(suite: str) -> list:
     if suite == "interpret":
         # tiny: the Triton interpreter runs every program instance in Python
         return [DenseCase("w4a16", 64, 256, 3), DenseCase("w8a16", 48, 128, 5), DenseCase("mxfp4", 32, 128, 2)]
-    raise ValueError(f"unknown suite {suite!r}; expected headline, decode, act, full or interpret")
+    raise ValueError(f"unknown suite {suite!r}; expected headline, decode, act, moe, full or interpret")

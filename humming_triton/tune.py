@@ -189,7 +189,7 @@ def _key(case: Case) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--suite", default=None, help="comma list of benchmark suites (headline, decode, act, full)")
+    ap.add_argument("--suite", default=None, help="comma list of benchmark suites (headline, decode, act, moe, full)")
     ap.add_argument("--preset", action="append", default=[], help="preset(s) to tune (repeatable)")
     ap.add_argument("--shapes", default="8192x8192", help="comma list of NxK (with --preset)")
     ap.add_argument("--m", default="1,2,4,8,16,64,256,1024,4096", help="comma list of M values (with --preset)")

@@ -41,6 +41,8 @@
 #   bench   the headline benchmark with peers                                              -> bench/ (4 files)
 #   decode  the decode-batch benchmark (M = 1..16) and the W4A4 rows, with peers               -> decode/
 #   act     the activation-quantized suite (W8A8 / W4A8 at 8192², M = 1..4096), with peers         -> act/
+#   moe     the MoE suite (Qwen3-30B-A3B and Mixtral-8x7B expert GEMMs, w4a16 / mxfp4 / w4a8-mxfp4, 1..4096
+#           tokens), with peers                                                                     -> moe/
 #   invariant ours vs ours in batch-invariant mode, headline dense rows of $INV_SCHEMES (default w4a16,w8a16,mxfp4)
 #           -> invariant/ (the mode's cost, for the README)
 # Failures of every pytest step are appended to gpu_failures.txt as they happen.
@@ -180,6 +182,11 @@ for step in $STEPS; do
         ${PEER_BUDGET_S:+--peer-budget-s $PEER_BUDGET_S} ${DECODE_COMPARE:+--compare "$DECODE_COMPARE"} ${DECODE_ARGS:-} \
         > "$OUT/decode_log.txt" \
         2> "$OUT/decode_stderr.txt" ;;
+    moe)     # the MoE issue's grouped GEMMs: Qwen3-30B-A3B and Mixtral-8x7B experts, w4a16 / mxfp4 / w4a8-mxfp4
+      stamp moe
+      timeout -k 5 ${MOE_BENCH_S:-300} python3 -m benchmarks --suite moe --out "$OUT/moe" --no-cold-start \
+        ${PEER_BUDGET_S:+--peer-budget-s $PEER_BUDGET_S} ${MOE_COMPARE:+--compare "$MOE_COMPARE"} \
+        > "$OUT/moe_log.txt" 2> "$OUT/moe_stderr.txt" ;;
     act)     # every activation-quantized scheme at M = 1 / 16 / 256 / 4096 with peers (the FP8 / INT8 issue)
       stamp act
       timeout -k 5 ${ACT_BENCH_S:-200} python3 -m benchmarks --suite act --out "$OUT/act" --no-cold-start \

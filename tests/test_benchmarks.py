@@ -157,6 +157,18 @@ def test_compare_flags_regressions(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_moe_suite_covers_both_expert_shapes():
+    """The MoE issue's rows: Qwen3-30B-A3B (128 experts, top-8) and Mixtral-8x7B (8, top-2), both GEMMs, three
+    schemes, 1..4096 tokens."""
+    from benchmarks.cases import suite_cases
+    got = {(c.scheme, c.E, c.topk, c.N, c.K, c.M) for c in suite_cases("moe")}
+    for scheme in ("w4a16", "mxfp4", "w4a8-mxfp4"):
+        for m in (1, 16, 64, 256, 1024, 4096):
+            assert {(scheme, 128, 8, 1536, 2048, m), (scheme, 128, 8, 2048, 768, m),
+                    (scheme, 8, 2, 28672, 4096, m), (scheme, 8, 2, 4096, 14336, m)} <= got
+    assert len(got) == 72
+
+
 def test_decode_suite_has_gate_up_shapes():
     from benchmarks.cases import suite_cases
 
