@@ -25,10 +25,13 @@ FORMATS = {
     4: ("int8", torch.bfloat16, "channel"), 5: ("int8", torch.float16, "channel"),
     6: ("e4m3fn", torch.bfloat16, "channel"), 7: ("e4m3fn", torch.float16, "channel"),
     8: ("int4", torch.bfloat16, "channel"), 9: ("int4", torch.float16, "channel"),
+    10: ("int4", torch.bfloat16, "group"),  # bf16 scales: never format_of's choice (two roundings), a family's
 }
 # the group-scale type of each format: fp32 for bf16 activations (exact q * s + z', one rounding to bf16),
 # the activation's fp16 for fp16 (exact only for fp16 scheme scales without zero points)
-GROUP_SCALE_DTYPE = {0: torch.float32, 1: torch.float16, 2: torch.float32, 3: torch.float32}
+GROUP_SCALE_DTYPE = {0: torch.float32, 1: torch.float16, 2: torch.float32, 3: torch.float32, 10: torch.bfloat16}
+# formats format_of never picks: the same weight runs exactly on another, these trade a rounding for speed
+INEXACT_FORMATS = {10: 0}
 # variant -> (token tile, K tile, stream-K, weight rows per tile): HT_SM90_VARIANTS.  128-row tiles are split by
 # two consumer warpgroups (cooperative), 64-row tiles go to one warpgroup at a time (pingpong)
 VARIANTS = {0: (16, 128, False, 128), 1: (32, 128, False, 128), 2: (64, 128, False, 128), 3: (128, 64, False, 128),
@@ -55,7 +58,7 @@ def format_of(scheme, dtype: torch.dtype) -> tuple[int | None, str | None]:
     if zero == "none" and w == "uint4":
         return None, "uint4 without a zero point"
     for fmt, (fw, fd, fs) in FORMATS.items():
-        if (fw, fd, fs) == (w, dtype, scaling):
+        if (fw, fd, fs) == (w, dtype, scaling) and fmt not in INEXACT_FORMATS:
             if fmt == 1 and str(sc.dtype) != "fp16":
                 return None, f"{sc.dtype} group scales with fp16 activations (fp16 scales only: exact products)"
             return fmt, None
@@ -101,16 +104,21 @@ class Packed:
     group: int                   # 0: channel scales
 
 
-def repack(qw, dtype: torch.dtype) -> Packed:
+def repack(qw, dtype: torch.dtype, fmt: int | None = None) -> Packed:
     """The kernels' operands for a 2-D canonical QuantWeight: the packed codes are used as they are (the kpack32
     words viewed as bytes are the K-major sub-byte layout CUTLASS reads); only the scales are transposed (the
-    mixed-input mainloop reads them N-major) and converted."""
+    mixed-input mainloop reads them N-major) and converted.  ``fmt``: an INEXACT_FORMATS format in place of the
+    exact one format_of picks."""
     from humming_triton.formats.weight import decode_scales
     why = weight_reason(qw.scheme, qw.N, qw.K, dtype)
     if why or qw.data.dim() != 2 or qw.k_perm is not None:
         raise ValueError(f"the CUTLASS mixed-input GEMM cannot take this weight: "
                          f"{why or ('a 3-D (expert) weight' if qw.data.dim() != 2 else 'act-order (k_perm)')}")
-    fmt, _ = format_of(qw.scheme, dtype)
+    exact, _ = format_of(qw.scheme, dtype)
+    if fmt is not None and INEXACT_FORMATS.get(fmt) != exact:
+        raise ValueError(f"format {fmt} is no faster twin of this weight's format {exact} "
+                         f"(twins: {INEXACT_FORMATS})")
+    fmt = exact if fmt is None else fmt
     n, k, bits = qw.N, qw.K, qw.scheme.bits
     w = qw.data.contiguous().view(torch.uint8)
     if w.shape != (n, k * bits // 8):

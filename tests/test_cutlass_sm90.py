@@ -46,7 +46,7 @@ def test_format_table_matches_the_source():
     names = {"int4b_t": "int4", "uint4b_t": "uint4", "int8_t": "int8", "float_e4m3_t": "e4m3fn"}
     acts = {"bfloat16_t": torch.bfloat16, "half_t": torch.float16}
     scaling = {"Group": "group", "GroupZero": "group_zero", "Channel": "channel"}
-    scale_types = {"float": torch.float32, "half_t": torch.float16}
+    scale_types = {"float": torch.float32, "half_t": torch.float16, "bfloat16_t": torch.bfloat16}
     got = {int(i): (names[w], acts[a], scaling[s]) for i, w, a, _, s in rows}
     assert got == mg.FORMATS
     for i, _, _, sc, s in rows:
@@ -281,7 +281,7 @@ def test_kernel_list_of_the_build():
 
 # ---- CI: compile one kernel per weight family for sm_90a ---------------------------------------------------------
 
-COMPILE_CHECK = {0: "int4 group", 2: "uint4 + zero", 4: "int8 channel", 6: "e4m3 channel"}
+COMPILE_CHECK = {0: "int4 group", 2: "uint4 + zero", 4: "int8 channel", 6: "e4m3 channel", 10: "int4 bf16 scales"}
 
 
 def _cuobjdump():
@@ -378,6 +378,67 @@ def test_backend_cutlass_through_the_op_and_graph_replay(rng):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, y)
+
+
+# ---- int4 with bf16 group scales (format 10, family cutlass_mixed_bf16s) -----------------------------------------
+
+BF16S = ["w4a16", "weight=int4,scale=bf16:g128", "weight=int4,scale=fp32:g256"]
+
+
+def _bf16s_family():
+    from humming_triton.kernels import families
+    return families.get("cutlass_mixed_bf16s")
+
+
+BF16S_CASES = [(s, shape) for s in BF16S for shape in SHAPES[:2] + [(256, 4096)] if _shape_ok(s, shape[1])]
+
+
+@pytest.mark.parametrize("scheme,shape", BF16S_CASES)
+def test_bf16_scales_emulated_matches_reference(scheme, shape, rng):
+    """Format 10 rounds the scale to bf16 and the product again: still within the bf16 GEMM's tolerance."""
+    n, k = shape
+    qw = _weight(scheme, n, k, rng)
+    p = _bf16s_family().packed(qw, torch.bfloat16)
+    assert p.fmt == 10 and p.scales.dtype == torch.bfloat16
+    assert mg.repack(qw, torch.bfloat16).fmt == 0  # the exact format stays format_of's choice
+    for m in (1, 33):
+        x = torch.randn(m, k, generator=rng).to(torch.bfloat16)
+        ref = ht.reference_linear(x, qw, out_dtype=torch.float32).double()
+        got = mg.emulate(x, p, qw.bias.to(torch.bfloat16))
+        ref16 = ref - qw.bias.double() + qw.bias.to(torch.bfloat16).double()
+        assert_linear_close(got, ref16, x.float(), ht.dequantize_weight(qw), torch.bfloat16, f"{scheme} {shape}")
+
+
+@pytest.mark.parametrize("scheme,dtype", [("w4a16", torch.float16), ("w8a16", torch.bfloat16),
+                                          ("w4a16-asym", torch.bfloat16), ("weight=int4,scale=fp16:channel",
+                                                                            torch.bfloat16)])
+def test_bf16_scales_reasons(scheme, dtype):
+    call = Call("quant_linear", ht.QuantScheme.parse(scheme), dtype, 16, 256, 1024, device_type="cpu")
+    assert "int4 group scales with bf16 activations only" in (_bf16s_family().reason(call) or "")
+    with pytest.raises(ValueError, match="no faster twin"):
+        mg.repack(_weight("w8a16", 8, 256, torch.Generator().manual_seed(0)), torch.bfloat16, fmt=10)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES[:2] + [(4096, 4096)], ids=lambda s: "x".join(map(str, s)))
+def test_bf16_scales_kernel_matches_reference(shape, rng):
+    why = mg.available(10)
+    if why:
+        pytest.fail(why)
+    fam, dtype = _bf16s_family(), torch.bfloat16
+    n, k = shape
+    qw = _weight("w4a16", n, k, rng).to("cuda")
+    w_hat = ht.dequantize_weight(qw.to("cpu"))
+    for m in (1, 7, 100, 300):
+        x = torch.randn(m, k, generator=rng).to(dtype)
+        ref = ht.reference_linear(x, qw.to("cpu"), out_dtype=torch.float32).double()
+        ref16 = ref - qw.bias.double().cpu() + qw.bias.to(dtype).double().cpu()
+        call = Call("quant_linear", qw.scheme, dtype, m, n, k)
+        assert fam.reason(call) is None and fam.candidates(call)
+        for cfg in fam.candidates(call):
+            out = poison_like(torch.empty(m, n, dtype=dtype, device="cuda"))
+            y = fam.run(x.cuda(), x.cuda(), qw, qw.bias, dtype, cfg, out)
+            assert_linear_close(y.cpu(), ref16, x.float(), w_hat, dtype, f"w4a16 bf16s {shape} M={m} {cfg.describe()}")
 
 
 # ---- MXFP4 on the e4m3 kernels (family cutlass_mx_e4m3) ---------------------------------------------------------

@@ -17,7 +17,10 @@
 // this file once per format with -DHT_SM90_FMT=<id>: the formats compile in parallel, and each exports
 // ht_sm90_mixed_gemm_<id> / ht_sm90_mixed_workspace_<id>).  Group scales and folded zeros are fp32 for bf16
 // activations (the fp32 q * s + z' is exact, then one rounding to bf16, as the reference's dequantized weight
-// rounds) and fp16 for fp16 activations with fp16 scales (q * s in fp16: one rounding).  Variants: tile shape and
+// rounds) and fp16 for fp16 activations with fp16 scales (q * s in fp16: one rounding).  Format 10 takes int4 with
+// bf16 activations and *bf16* scales: the mainloop multiplies in bf16 (the scale rounded to bf16 first, then the
+// product: two roundings, as Marlin-style kernels do) instead of converting through fp32 -- fewer instructions
+// per weight in the conversion that bounds int4 at mid M; a family of its own (``cutlass_mixed_bf16s``).  Variants: tile shape and
 // kernel policy (cooperative persistent / stream-K on 128-row weight tiles, pingpong on 64-row ones), numbered in
 // HT_SM90_VARIANTS; the tuner times them.
 #include <cutlass/cutlass.h>
@@ -149,7 +152,8 @@ struct Pingpong {
   X(6, cutlass::float_e4m3_t, cutlass::bfloat16_t, float, Scaling::Channel) /* e4m3, channel */     \
   X(7, cutlass::float_e4m3_t, cutlass::half_t, float, Scaling::Channel)                              \
   X(8, cutlass::int4b_t, cutlass::bfloat16_t, float, Scaling::Channel)     /* int4, channel */      \
-  X(9, cutlass::int4b_t, cutlass::half_t, float, Scaling::Channel)
+  X(9, cutlass::int4b_t, cutlass::half_t, float, Scaling::Channel)                                   \
+  X(10, cutlass::int4b_t, cutlass::bfloat16_t, cutlass::bfloat16_t, Scaling::Group) /* bf16 scales */
 
 #define COMMA ,
 #ifndef HT_SM90_VARIANTS  // a compile check may define a shorter list before including this file

@@ -137,6 +137,31 @@ class CutlassMixed(Family):
 register(CutlassMixed())
 
 
+class CutlassMixedBF16Scales(CutlassMixed):
+    """``cutlass_mixed_bf16s``: int4 group-scaled weights with bf16 activations on format 10, whose mainloop
+    multiplies each converted weight by its group scale in bf16 (the scale rounded to bf16 once, at repack; the
+    product rounded again: two roundings where ``cutlass_mixed``'s fp32 product has one -- what Marlin-style kernels
+    do).  Why: the fp32 detour (int4 -> fp32, multiply, fp32 -> bf16) is what bounds int4 at mid M on the H200
+    (int4 with no scale in the mainloop ran 59.8 against 75.0 us at M = 256; fp16 with fp16 scales 66.9)."""
+    name = "cutlass_mixed_bf16s"
+
+    def weight_reason(self, call: Call) -> str | None:
+        from cutlass_ext.mixed_gemm import INEXACT_FORMATS
+        why = super().weight_reason(call)
+        if why is None and super().format_id(call) != INEXACT_FORMATS[10]:
+            why = f"{call.scheme.name} with {call.dtype} activations (int4 group scales with bf16 activations only)"
+        return why
+
+    def format_id(self, call: Call) -> int:
+        return 10
+
+    def packed(self, qw, dtype):
+        return qw.cached_view("cutlass", ("mixed", dtype, 10), lambda: mg.repack(qw, dtype, fmt=10))
+
+
+register(CutlassMixedBF16Scales())
+
+
 class CutlassMXE4M3(CutlassMixed):
     """``cutlass_mx_e4m3``: MXFP4 weights on the e4m3 CUTLASS kernels (formats 6 / 7: e4m3 codes, an fp32 row scale
     on the accumulator), by the exact change of format of ``scaled_mm_mx.as_e4m3_rows`` -- each block's e2m1
