@@ -111,9 +111,10 @@ def test_grouped_quantized_activations_interpreted(scheme, rng):
         _case(scheme, [70, 0, 3], 24, 256, torch.bfloat16, rng, block_m=64)
 
 
-def _act_order_case(per_expert, device, rng, counts=(3, 0, 21, 1, 5), n=37, k=384):
+def _act_order_case(per_expert, device, rng, counts=(3, 0, 21, 1, 5), n=37, k=384, config=None):
     """GPTQ act-order experts: the stored columns are permuted ([K] shared or [E, K] per expert); the kernel
-    gathers x through k_perm and must match the reference on the logical weight."""
+    gathers x through k_perm and must match the reference on the logical weight.  ``config``: a Triton grouped
+    config to run (else ``grouped_linear``'s own choice)."""
     import dataclasses
     e = len(counts)
     stored = ht.quantize_weight(torch.randn(e, n, k, generator=rng), "w4a16")
@@ -123,7 +124,11 @@ def _act_order_case(per_expert, device, rng, counts=(3, 0, 21, 1, 5), n=37, k=38
     offsets = torch.zeros(e + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.tensor(counts), 0)
     x = torch.randn(int(offsets[-1]), k, generator=rng).half().to(device)
-    y = ht.grouped_linear(x, qw, offsets.to(device), backend="triton")
+    if config is None:
+        y = ht.grouped_linear(x, qw, offsets.to(device), backend="triton")
+    else:
+        from humming_triton.kernels.grouped import triton_grouped_linear
+        y = triton_grouped_linear(x, qw, offsets.to(device), config=config)
     qc = qw.to("cpu")
     ref = ht.grouped_linear(x.cpu(), qc, offsets, out_dtype=torch.float32, backend="reference").double()
     w_hat = ht.dequantize_weight(qc)
@@ -139,6 +144,15 @@ def _act_order_case(per_expert, device, rng, counts=(3, 0, 21, 1, 5), n=37, k=38
 @pytest.mark.parametrize("per_expert", [False, True], ids=["shared_perm", "per_expert_perm"])
 def test_grouped_act_order_interpreted(per_expert, rng):
     _act_order_case(per_expert, "cpu", rng)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("bm", [16, 32])
+def test_grouped_swapab_act_order_interpreted(bm, rng):
+    """The swap-AB loop gathers x through k_perm too (16-row tiles: scale on the partial; 32: on the weight)."""
+    from humming_triton.calls import KernelConfig
+    _act_order_case(True, "cpu", rng, counts=(3, 0, 40, 1, 5),
+                    config=KernelConfig("grouped_swapab", bm, 16, 64, 1, 8, 4, 2))
 
 
 @pytest.mark.gpu
