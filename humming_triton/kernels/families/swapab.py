@@ -1,11 +1,13 @@
 """``swapab``: tensor-core GEMM with the tokens on the MMA's N side (``_dense_swapab.py``), 16-bit activations.
 
 M <= 16: one 16-token tile (tl.dot needs N >= 16), the scale on the fp32 partial where a group spans the K tile.
-M > 16 (opt-in until the H200 table has timed it): 32..256-token tiles.  Why: with the weight on the MMA's M
-side the dequantized tile is wgmma's register-sourced A operand; in ``tiled`` it is the B operand, which wgmma
-reads only from shared memory, so every K tile is stored there and waited on.  Above 16 tokens the scale
-multiplies the weight before the dot (an extra product per weight element, shared by BLOCK_M tokens), so the
-loop is one plain accumulate and keeps no second [BLOCK_N, BLOCK_M] fp32 partial live."""
+M > 16: 32..256-token tiles.  Why: with the weight on the MMA's M side the dequantized tile is wgmma's
+register-sourced A operand; in ``tiled`` it is the B operand, which wgmma reads only from shared memory, so every
+K tile is stored there and waited on.  Above 16 tokens the scale multiplies the weight before the dot (an extra
+product per weight element, shared by BLOCK_M tokens), so the loop is one plain accumulate and keeps no second
+[BLOCK_N, BLOCK_M] fp32 partial live.  Timed on the H200 (session 19): 1.4-2.2x ``tiled`` at M >= 256, yet behind
+CUTLASS and dequantize + cuBLAS -- ptxas serializes register-A wgmma across K tiles (C7515) -- so the table does
+not pick it for dense layers today."""
 from __future__ import annotations
 
 import triton
