@@ -5,9 +5,10 @@ M > 16: 32..256-token tiles.  Why: with the weight on the MMA's M side the dequa
 register-sourced A operand; in ``tiled`` it is the B operand, which wgmma reads only from shared memory, so every
 K tile is stored there and waited on.  Above 16 tokens the scale multiplies the weight before the dot (an extra
 product per weight element, shared by BLOCK_M tokens), so the loop is one plain accumulate and keeps no second
-[BLOCK_N, BLOCK_M] fp32 partial live.  Timed on the H200 (session 19): 1.4-2.2x ``tiled`` at M >= 256, yet behind
-CUTLASS and dequantize + cuBLAS -- ptxas serializes register-A wgmma across K tiles (C7515) -- so the table does
-not pick it for dense layers today."""
+[BLOCK_N, BLOCK_M] fp32 partial live.  Timed on the H200 (session 19) with 64 / 128-wide K tiles: 1.4-2.2x
+``tiled`` at M >= 256, yet behind CUTLASS and dequantize + cuBLAS -- ptxas serialized the register-A wgmma across
+K tiles (C7515).  The 32-wide K tiles with the broadcast code split (``_dense_swapab``) compile without that
+serialization; not yet timed."""
 from __future__ import annotations
 
 import triton
@@ -48,9 +49,11 @@ class SwapAB(Family):
         """Token tiles of 32..256 (the MMA's N side), weight tiles of 64 rows per warpgroup."""
         m = call.m
         bms = [32] if m <= 32 else [64] if m <= 64 else [64, 128] if m <= 128 else [128, 256]
-        # (BLOCK_N, BLOCK_K, warps, stages): 64 weight rows per warpgroup (wgmma's M), a K tile of 64 / 128
-        shapes = [(64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 64, 4, 4),
-                  (256, 64, 8, 3)]
+        # (BLOCK_N, BLOCK_K, warps, stages): 64 weight rows per warpgroup (wgmma's M).  The 32-wide K tiles on
+        # two warpgroups are the ones ptxas keeps a wgmma in flight for (no C7515 serialization; sm_90 SASS waits
+        # on `gsb0, 0x1`); the 64 / 128-wide ones wait on every wgmma (measured 1.4-2.2x `tiled`, short of cuBLAS)
+        shapes = [(128, 32, 8, 4), (128, 32, 8, 5), (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 8, 4),
+                  (128, 128, 8, 3), (128, 64, 4, 4), (256, 64, 8, 3)]
         out = []
         for bm in bms:
             for bn, bk, w, st in shapes:
