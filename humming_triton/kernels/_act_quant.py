@@ -185,6 +185,16 @@ def _stored(v, codes_ptr, INT8: tl.constexpr, CODE_VALUES: tl.constexpr):
 
 
 @triton.jit
+def _group_scale(a, QMAX: tl.constexpr):
+    """fp32 scale of a group with finite amax ``a``: amax / qmax rounded once (IEEE division: "/" on fp32 compiles
+    to an approximate division on the GPU; the reference rounds amax / qmax to fp32 exactly), 1 for an all-zero
+    group, and fp32's smallest normal where a positive amax / qmax rounds to 0 (a subnormal amax below
+    qmax * 2^-150), as the reference clamps a scale that would lose its group (``formats.quantize.round_scale``)."""
+    s = tl.where(a > 0, tl.div_rn(a, QMAX), 1.0)
+    return tl.where(s == 0, 1.1754943508222875e-38, s)
+
+
+@triton.jit
 def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, stride_sm, stride_sg,
                          INT8: tl.constexpr, GROUP_K: tl.constexpr, GROUPS: tl.constexpr, BLOCK_K: tl.constexpr,
                          CODE_VALUES: tl.constexpr, F32_COMPARE: tl.constexpr = False):
@@ -208,9 +218,7 @@ def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, 
         finite = ax < float("inf")  # false for +-inf and NaN
         a = tl.max(tl.where(finite, ax, 0.0), axis=1)
         bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
-        # IEEE division (div_rn): "/" on fp32 compiles to an approximate division on the GPU; the reference
-        # rounds amax / qmax to fp32 exactly
-        s = tl.where(a > 0, tl.div_rn(a, QMAX), 1.0)
+        s = _group_scale(a, QMAX)
         tl.store(scales_ptr + row * stride_sm + g * stride_sg, tl.where(bad, float("nan"), s), mask=g < groups)
         v = _fp32_codes(tl.where(bad[:, None], 0.0, x), s[:, None], INT8, F32_COMPARE)
         tl.store(codes_ptr + row * stride_cm + offs, _stored(v, codes_ptr, INT8, CODE_VALUES), mask=mask)
@@ -218,7 +226,7 @@ def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, 
         gi = tl.program_id(1)
         k_begin = gi * GROUP_K
         a, bad = _group_amax(x_ptr + row * stride_xm, k_begin, GROUP_K, K, BLOCK_K)
-        s = tl.where(a > 0, tl.div_rn(a, QMAX), 1.0)
+        s = _group_scale(a, QMAX)
         tl.store(scales_ptr + row * stride_sm + gi * stride_sg, tl.where(bad, float("nan"), s))
         for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
             offs = k0 + tl.arange(0, BLOCK_K)
