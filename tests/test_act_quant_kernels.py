@@ -260,17 +260,17 @@ def test_fp32_quantizer_ties_and_their_neighbours(act, grid, e, f32_compare, mon
 
 @pytest.mark.parametrize("act", ["e4m3fn/fp32:g128", "int8/fp32:token", "e4m3fn/fp32:g32"])
 @pytest.mark.parametrize("f32_compare", [False, True])
-def test_fp32_quantizer_scale_that_rounds_to_zero(act, f32_compare, monkeypatch):
+def test_fp32_quantizer_scale_that_rounds_to_zero(act, f32_compare, monkeypatch, rng):
     """A group whose amax / qmax rounds to 0 in fp32 (amax a tiny subnormal) keeps fp32's smallest normal as its
     scale, as the reference's round_scale clamps it (found by a random seed: kernel 0 against 1.18e-38)."""
     from humming_triton.kernels import dense
     from humming_triton.kernels.dense import triton_quantize_activation
     monkeypatch.setattr(dense, "F32_COMPARE", f32_compare)
     spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
-    x = torch.zeros(2, 256)
-    x[0, 5] = 1.4e-45          # the smallest subnormal: 1.4e-45 / 448 rounds to 0
-    x[0, 200] = -2.8e-45
-    x[1, :] = 1.0              # a normal row beside it
+    tiny = 1.401298464324817e-45  # fp32's smallest subnormal: 2 * tiny / 448 still rounds to 0
+    x = torch.randn(2, 256, generator=rng)  # row 1: a normal row beside it
+    x[0] = torch.randint(-2, 3, (256,), generator=rng).float() * tiny  # row 0: random codes of +-tiny, +-2 tiny
+    x[0, 5] = tiny
     q, r = triton_quantize_activation(x, spec), ht.quantize_activation(x, spec)
     assert float(r.scales.flatten()[0]) == torch.finfo(torch.float32).tiny
     assert torch.equal(q.scales, r.scales) and torch.equal(q.codes, r.codes)

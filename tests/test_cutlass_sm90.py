@@ -419,15 +419,14 @@ def test_bf16_scales_reasons(scheme, dtype):
         mg.repack(_weight("w8a16", 8, 256, torch.Generator().manual_seed(0)), torch.bfloat16, fmt=10)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", SHAPES[:2] + [(4096, 4096)], ids=lambda s: "x".join(map(str, s)))
-def test_bf16_scales_kernel_matches_reference(shape, rng):
-    why = mg.available(10)
+def _family_matches_reference_on_gpu(fam, fmt, scheme, shape, rng):
+    """Every candidate of a CUTLASS family on ``scheme``'s weight (bf16, odd shapes, M = 1 .. 300) against the
+    reference, poisoned outputs, bias."""
+    why = mg.available(fmt)
     if why:
-        pytest.fail(why)
-    fam, dtype = _bf16s_family(), torch.bfloat16
-    n, k = shape
-    qw = _weight("w4a16", n, k, rng).to("cuda")
+        pytest.fail(why)  # asked for GPU tests: a missing build is a failure, not a skip
+    dtype, (n, k) = torch.bfloat16, shape
+    qw = _weight(scheme, n, k, rng).to("cuda")
     w_hat = ht.dequantize_weight(qw.to("cpu"))
     for m in (1, 7, 100, 300):
         x = torch.randn(m, k, generator=rng).to(dtype)
@@ -438,7 +437,14 @@ def test_bf16_scales_kernel_matches_reference(shape, rng):
         for cfg in fam.candidates(call):
             out = poison_like(torch.empty(m, n, dtype=dtype, device="cuda"))
             y = fam.run(x.cuda(), x.cuda(), qw, qw.bias, dtype, cfg, out)
-            assert_linear_close(y.cpu(), ref16, x.float(), w_hat, dtype, f"w4a16 bf16s {shape} M={m} {cfg.describe()}")
+            assert y.data_ptr() == out.data_ptr()
+            assert_linear_close(y.cpu(), ref16, x.float(), w_hat, dtype, f"{scheme} {shape} M={m} {cfg.describe()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES[:2] + [(4096, 4096)], ids=lambda s: "x".join(map(str, s)))
+def test_bf16_scales_kernel_matches_reference(shape, rng):
+    _family_matches_reference_on_gpu(_bf16s_family(), 10, "w4a16", shape, rng)
 
 
 # ---- MXFP4 on the e4m3 kernels (family cutlass_mx_e4m3) ---------------------------------------------------------
@@ -494,22 +500,4 @@ def test_mx_e4m3_shape_rule_and_cpu_call():
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES[:2] + [(4096, 4096)], ids=lambda s: "x".join(map(str, s)))
 def test_mx_e4m3_kernel_matches_reference(shape, rng):
-    why = mg.available(6)
-    if why:
-        pytest.fail(why)
-    fam, dtype = _mx_family(), torch.bfloat16
-    n, k = shape
-    qw = _weight("mxfp4", n, k, rng).to("cuda")
-    w_hat = ht.dequantize_weight(qw.to("cpu"))
-    for m in (1, 7, 100, 300):
-        x = torch.randn(m, k, generator=rng).to(dtype)
-        ref = ht.reference_linear(x, qw.to("cpu"), out_dtype=torch.float32).double()
-        ref16 = ref - qw.bias.double().cpu() + qw.bias.to(dtype).double().cpu()
-        call = Call("quant_linear", qw.scheme, dtype, m, n, k)
-        assert fam.reason(call) is None
-        assert fam.candidates(call)
-        for cfg in fam.candidates(call):
-            out = poison_like(torch.empty(m, n, dtype=dtype, device="cuda"))
-            y = fam.run(x.cuda(), x.cuda(), qw, qw.bias, dtype, cfg, out)
-            assert y.data_ptr() == out.data_ptr()
-            assert_linear_close(y.cpu(), ref16, x.float(), w_hat, dtype, f"mxfp4 {shape} M={m} {cfg.describe()}")
+    _family_matches_reference_on_gpu(_mx_family(), 6, "mxfp4", shape, rng)

@@ -101,10 +101,13 @@ def packed_int4(fmt: dict, post: bool, dtype) -> bool:
 SHARED_BYTES = 232448  # per block on sm_90 (H100 / H200), the largest of the supported targets
 
 
-def swap_tile_fits(bm: int, bn: int, bk: int, stages: int, bits: int) -> bool:
-    """Whether a swap-AB tile's pipeline (x's bm x bk 16-bit tiles and the weight's bn x bk codes, ``stages``
-    deep, as Triton lays them out) fits in shared memory, with 4 KB left for the kernel's scratch."""
-    return stages * (bm * bk * 2 + bn * bk * bits // 8) + 4096 <= SHARED_BYTES
+def swap_tile_fits(bm: int, bn: int, bk: int, warps: int, stages: int, bits: int, heavy: bool) -> bool:
+    """Whether a swap-AB tile is worth compiling: its fp32 accumulator within 128 registers per thread, its
+    pipeline (x's bm x bk 16-bit tiles and the weight's bn x bk codes, ``stages`` deep, as Triton lays them out) in
+    shared memory with 4 KB left for scratch, and for ``heavy`` weights (codes gathered from two words, or zero
+    points) at most 4096 weight elements per K tile (H200: larger ones overflowed shared memory)."""
+    return (bm * bn // (warps * 32) <= 128 and not (heavy and bn * bk > 4096)
+            and stages * (bm * bk * 2 + bn * bk * bits // 8) + 4096 <= SHARED_BYTES)
 
 
 def sixteen_bit_reason(call: Call) -> str | None:

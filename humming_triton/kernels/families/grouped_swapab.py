@@ -32,9 +32,8 @@ class GroupedSwapAB(Family):
         out = []
         for bm in bms:
             for bn, bk, w, st in shapes:
-                if bm * bn // (w * 32) > 128 or (heavy and bn * bk > 4096) or \
-                        not swap_tile_fits(bm, bn, bk, st, call.scheme.bits):
-                    continue  # fp32 accumulator registers per thread; gathered codes overflow shared memory
+                if not swap_tile_fits(bm, bn, bk, w, st, call.scheme.bits, heavy):
+                    continue
                 out.append(KernelConfig(self.name, bm, bn, bk, 1, 8, w, st))
         return out
 

@@ -57,10 +57,8 @@ class SwapAB(Family):
         out = []
         for bm in bms:
             for bn, bk, w, st in shapes:
-                if bm * bn // (w * 32) > 128 or not swap_tile_fits(bm, bn, bk, st, call.scheme.bits):
-                    continue  # fp32 accumulator registers per thread; shared memory
-                if 32 % call.scheme.bits and bn * bk > 4096:
-                    continue  # codes gathered from two words: larger tiles overflow shared memory (H200)
+                if not swap_tile_fits(bm, bn, bk, w, st, call.scheme.bits, heavy=bool(32 % call.scheme.bits)):
+                    continue
                 sk = 2 if m <= 64 and bn == 64 else 1  # 64 tokens make few tiles: split K to fill the SMs
                 out.append(KernelConfig("swapab", bm, bn, bk, sk, 8, w, st))
         return out
