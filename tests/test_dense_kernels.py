@@ -37,8 +37,6 @@ FAMILIES = {
     # above 16 tokens: 32 / 64-token tiles (a partial last tile at M = 19), the scale before the dot
     "swapab_wide_m": lambda m: configs.DenseConfig("swapab", 32, 32, 64, 1, 8),
     "swapab_wide_m_k_splitk": lambda m: configs.DenseConfig("swapab", 64, 16, 256, 2, 8),
-    # a 32-wide K tile: the broadcast code split (decode.load_codes JOIN=False)
-    "swapab_wide_m_k32": lambda m: configs.DenseConfig("swapab", 32, 32, 32, 1, 8),
     "dequant_mm": lambda m: configs.DenseConfig("dequant_mm", 1, 16, 64),
 }
 SHAPES = [(1, 37, 384), (5, 64, 128), (19, 100, 640)]  # (M, N, K): odd N, K not a multiple of the K tile
@@ -91,7 +89,7 @@ def test_dense_kernel_bf16_interpreted(fmt, family, rng):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("family", ["swapab_wide_m", "swapab_wide_m_k_splitk", "swapab_wide_m_k32"])
+@pytest.mark.parametrize("family", ["swapab_wide_m", "swapab_wide_m_k_splitk"])
 @pytest.mark.parametrize("fmt", FORMATS[::2], ids=lambda f: "-".join(f))
 def test_swapab_token_tiles_interpreted(fmt, family, rng):
     """More than 16 tokens: several token tiles, the last one partial (M = 40 with 32- and 64-token tiles)."""
@@ -148,7 +146,7 @@ def test_wna16_presets_on_gpu(preset, dtype, shape, rng):
 
 GPU_FAMILIES = ("gemv", "gemv_splitk", "gemv_words", "gemv_words_prefetch_splitk", "gemv_words_rows",
                 "gemv_words_rows_prefetch_splitk", "tiled", "tiled_splitk", "swapab", "swapab_wide_k_splitk",
-                "swapab_wide_m", "swapab_wide_m_k_splitk", "swapab_wide_m_k32", "dequant_mm")
+                "swapab_wide_m", "swapab_wide_m_k_splitk", "dequant_mm")
 GPU_CASES = [(fmt, fam, (SHAPES + [(3, 300, 512)])[(i + j) % 4]) for i, fmt in enumerate(FORMATS)
              for j, fam in enumerate(GPU_FAMILIES)]
 

@@ -46,12 +46,10 @@ def swap_tile_matmul(x_rows, mask_m, w_ptr, s_ptr, z_ptr, perm_ptr, stride_wn, s
             w = load_int4_tile_16(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N, BLOCK_K, EVEN_K,
                                   x_rows.dtype.element_ty == tl.bfloat16, ASM)
         else:
-            # token tiles above 16 with a 32-wide K tile: the broadcast code split, with which ptxas keeps the
-            # wgmma in flight (sm_90, C7515 gone); 64-wide tiles serialize either way and the joins use fewer registers
             w = dequant_tile(w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn, stride_zk, offs_n,
                              k0, N, K, BLOCK_N, BLOCK_K, EVEN_K, not POST_SCALE, BITS, GROUP_K, GROUP_N, ZERO_KIND,
                              W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL, SCALE_IS_CODE, S_IS_FLOAT,
-                             S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL, JOIN=BLOCK_M <= 16 or BLOCK_K > 32)
+                             S_SIGNED, S_EXP, S_MAN, S_BIAS, S_SPECIAL)
         if DOT_F32:  # the interpreter multiplies bf16 bit patterns: upcast (after the same rounding)
             part = tl.dot(w.to(x.dtype).to(tl.float32), tl.trans(x.to(tl.float32)), input_precision="ieee")
         else:

@@ -65,11 +65,9 @@ def decode(c, BITS: tl.constexpr, IS_FLOAT: tl.constexpr, SIGNED: tl.constexpr, 
 
 @triton.jit
 def load_codes(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               BITS: tl.constexpr, EVEN_K: tl.constexpr, SIGNED: tl.constexpr = False, JOIN: tl.constexpr = True):
+               BITS: tl.constexpr, EVEN_K: tl.constexpr, SIGNED: tl.constexpr = False):
     """int32 codes [BLOCK_N, BLOCK_K] of weight rows offs_n, columns k0 .. k0 + BLOCK_K (0 outside); SIGNED
-    (BITS dividing 32): two's-complement codes, sign-extended.  JOIN=False splits the words by one broadcast shift
-    instead of ``split_words``' joins: for a tile that becomes a register-sourced wgmma operand (swap-AB) the
-    joined layout made ptxas serialize the wgmma across K tiles (C7515; the broadcast split did not, sm_90)."""
+    (BITS dividing 32): two's-complement codes, sign-extended."""
     mask_n = offs_n < N
     if 32 % BITS == 0:
         EPW: tl.constexpr = 32 // BITS  # codes per word; BLOCK_K is a multiple of it, k0 word aligned
@@ -82,10 +80,7 @@ def load_codes(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N: tl.constexpr, BLOCK_
             words = tl.load(ptrs, mask=mask_n[:, None] & (offs_w[None, :] < (K + EPW - 1) // EPW), other=0)
         if not SIGNED:
             words = words.to(tl.uint32, bitcast=True)
-        if JOIN:
-            codes = tl.reshape(split_words(words, EPW, BITS), (BLOCK_N, BLOCK_K))
-        else:
-            codes = tl.reshape(_codes_by_shift(words, EPW, BITS), (BLOCK_N, BLOCK_K))
+        codes = tl.reshape(split_words(words, EPW, BITS), (BLOCK_N, BLOCK_K))
         codes = codes.to(tl.int32, bitcast=True)
         if not EVEN_K:
             codes = tl.where((k0 + tl.arange(0, BLOCK_K))[None, :] < K, codes, 0)
@@ -139,15 +134,6 @@ def _codes16(words, FIRST: tl.constexpr, STEP: tl.constexpr, BITS: tl.constexpr)
 
 
 @triton.jit
-def _codes_by_shift(words, EPW: tl.constexpr, BITS: tl.constexpr):
-    """``split_words`` by one shift broadcast over a new trailing axis of EPW codes (same values, same order)."""
-    rank = tl.arange(0, EPW)[None, None, :]
-    if words.dtype == tl.int32:  # signed: to the top, then an arithmetic shift sign-extends
-        return (words[:, :, None] << (32 - (rank + 1) * BITS)) >> (32 - BITS)
-    return (words[:, :, None] >> (rank * BITS).to(tl.uint32)) & ((1 << BITS) - 1)
-
-
-@triton.jit
 def split_words(words, EPW: tl.constexpr, BITS: tl.constexpr):
     """The EPW codes of each uint32 word as new trailing axes whose flattened index is the code's rank.
     ``tl.join`` puts each new axis in the thread's registers, so the reshape to [rows, K] that follows moves no
@@ -174,10 +160,10 @@ def dequant_tile(w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_sk, stride_zn
                  W_IS_FLOAT: tl.constexpr, W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr,
                  W_BIAS: tl.constexpr, W_SPECIAL: tl.constexpr, SCALE_IS_CODE: tl.constexpr,
                  S_IS_FLOAT: tl.constexpr, S_SIGNED: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
-                 S_BIAS: tl.constexpr, S_SPECIAL: tl.constexpr, JOIN: tl.constexpr = True):
+                 S_BIAS: tl.constexpr, S_SPECIAL: tl.constexpr):
     """float32 [BLOCK_N, BLOCK_K] weight tile: decode(q) or (q - zero), times the group scale if APPLY_SCALE
-    (the global scale is left to the caller: it is one multiply of the accumulator).  JOIN: load_codes'."""
-    c = load_codes(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N, BLOCK_K, BITS, EVEN_K, JOIN=JOIN)
+    (the global scale is left to the caller: it is one multiply of the accumulator)."""
+    c = load_codes(w_ptr, stride_wn, offs_n, k0, N, K, BLOCK_N, BLOCK_K, BITS, EVEN_K)
     if ZERO_KIND == 0:
         v = decode(c, BITS, W_IS_FLOAT, W_SIGNED, W_EXP, W_MAN, W_BIAS, W_SPECIAL)
     else:

@@ -24,10 +24,9 @@ class GroupedSwapAB(Family):
         rows = call.m / max(1, call.experts)  # routed rows per expert, on average
         bms = [16] if rows <= 12 else [16, 32] if rows <= 24 else [32, 64] if rows <= 48 else \
             [64, 128] if rows <= 160 else [128, 256]
-        # (BLOCK_N, BLOCK_K, warps, stages): 64 weight rows per warpgroup (wgmma's M side); the 32-wide K tiles
-        # on two warpgroups keep a wgmma in flight (swapab's candidates say why)
-        shapes = [(128, 32, 8, 4), (128, 32, 8, 5), (64, 128, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4),
-                  (128, 64, 8, 4), (128, 64, 4, 4)]
+        # (BLOCK_N, BLOCK_K, warps, stages): 64 weight rows per warpgroup (wgmma's M side); swapab's candidates
+        # say why no 32-wide K tile
+        shapes = [(64, 128, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 8, 4), (128, 64, 4, 4)]
         heavy = call.scheme.zero != "none" or 32 % call.scheme.bits != 0
         out = []
         for bm in bms:

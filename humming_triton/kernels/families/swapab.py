@@ -7,8 +7,8 @@ K tile is stored there and waited on.  Above 16 tokens the scale multiplies the 
 product per weight element, shared by BLOCK_M tokens), so the loop is one plain accumulate and keeps no second
 [BLOCK_N, BLOCK_M] fp32 partial live.  Timed on the H200 (session 19) with 64 / 128-wide K tiles: 1.4-2.2x
 ``tiled`` at M >= 256, yet behind CUTLASS and dequantize + cuBLAS -- ptxas serialized the register-A wgmma across
-K tiles (C7515).  The 32-wide K tiles with the broadcast code split (``_dense_swapab``) compile without that
-serialization; not yet timed."""
+K tiles (C7515).  32-wide K tiles with a broadcast code split compiled without that serialization but ran 2-4x
+slower still (session 20); they are not offered."""
 from __future__ import annotations
 
 import triton
@@ -49,11 +49,10 @@ class SwapAB(Family):
         """Token tiles of 32..256 (the MMA's N side), weight tiles of 64 rows per warpgroup."""
         m = call.m
         bms = [32] if m <= 32 else [64] if m <= 64 else [64, 128] if m <= 128 else [128, 256]
-        # (BLOCK_N, BLOCK_K, warps, stages): 64 weight rows per warpgroup (wgmma's M).  The 32-wide K tiles on
-        # two warpgroups are the ones ptxas keeps a wgmma in flight for (no C7515 serialization; sm_90 SASS waits
-        # on `gsb0, 0x1`); the 64 / 128-wide ones wait on every wgmma (measured 1.4-2.2x `tiled`, short of cuBLAS)
-        shapes = [(128, 32, 8, 4), (128, 32, 8, 5), (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 8, 4),
-                  (128, 128, 8, 3), (128, 64, 4, 4), (256, 64, 8, 3)]
+        # (BLOCK_N, BLOCK_K, warps, stages): 64 weight rows per warpgroup (wgmma's M).  ptxas waits on every
+        # wgmma of this loop (C7515, measured 1.4-2.2x `tiled`, short of cuBLAS); 32-wide K tiles, which it keeps
+        # one wgmma in flight for, measured 2-4x slower still on the H200 (session 20): not offered
+        shapes = [(64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 64, 4, 4), (256, 64, 8, 3)]
         out = []
         for bm in bms:
             for bn, bk, w, st in shapes:
