@@ -186,7 +186,7 @@ for step in $STEPS; do
     moe)     # the MoE issue's grouped GEMMs: Qwen3-30B-A3B and Mixtral-8x7B experts, w4a16 / mxfp4 / w4a8-mxfp4
       stamp moe
       timeout -k 5 ${MOE_BENCH_S:-300} python3 -m benchmarks --suite moe --out "$OUT/moe" --no-cold-start \
-        ${PEER_BUDGET_S:+--peer-budget-s $PEER_BUDGET_S} ${MOE_COMPARE:+--compare "$MOE_COMPARE"} \
+        ${PEER_BUDGET_S:+--peer-budget-s $PEER_BUDGET_S} ${MOE_COMPARE:+--compare "$MOE_COMPARE"} ${MOE_ARGS:-} \
         > "$OUT/moe_log.txt" 2> "$OUT/moe_stderr.txt" ;;
     act)     # every activation-quantized scheme at M = 1 / 16 / 256 / 4096 with peers (the FP8 / INT8 issue)
       stamp act

@@ -65,7 +65,7 @@ def test_grouped_split_k_on_gpu(scheme, split, rng):
           config=KernelConfig("grouped", 16, 64, 128, split, 8, 4, 3))
 
 
-# (rows per tile, weight rows, K tile) of grouped_swapab; K tile 32 above 16 rows: the broadcast code split
+# (rows per tile, weight rows, K tile) of grouped_swapab (a 32-wide K tile: not offered, still correct)
 SWAP = [(16, 32, 128), (32, 16, 64), (64, 32, 64), (32, 32, 32)]
 
 
