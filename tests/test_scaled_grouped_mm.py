@@ -2,8 +2,8 @@
 ``scaled_grouped_mm_mx``; torch backend).
 
 CPU: MXFP4 experts become exact e4m3 rows (bit for bit after the row scale), the families' reasons.  GPU
-(``-m gpu``): both against the reference over uneven and empty experts, with and without an expert bias; an fp16
-output and experts too wide for e4m3 run the Triton grouped kernel instead."""
+(``-m gpu``): both against the reference over uneven and empty experts; an expert bias, an fp16 output and experts
+too wide for e4m3 run the Triton grouped kernel instead (a bias on the bf16 product would round twice)."""
 import warnings
 
 import pytest
@@ -66,8 +66,8 @@ def _routed(counts, k, rng):
 @pytest.mark.parametrize("counts", [[1, 0, 3, 1, 0, 2, 9, 1], [70, 0, 133, 5, 300, 1, 0, 64]], ids=["decode", "prefill"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_family_matches_reference(family, scheme, counts, bias, rng):
-    """Rows of each expert against its own weight, within the fp8 tensor cores' accumulation and the bf16 output
-    (one rounding more with a bias)."""
+    """Rows of each expert against its own weight, within the fp8 tensor cores' accumulation and the bf16 output.
+    With a bias (measured: 1-6 elements in 10^4 off when it was added to the bf16 product) the Triton kernel runs."""
     n, k = 1040, 2048
     qw = _experts(scheme, len(counts), n, k, rng, spread=5 if "mxfp4" in scheme else 0, bias=bias).to("cuda")
     x, offsets = _routed(counts, k, rng)
