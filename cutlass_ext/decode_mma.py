@@ -386,12 +386,15 @@ def runner(p: Packed, dtype: torch.dtype, device: torch.device, m: int, bias: to
 def run_grouped(x2: torch.Tensor, p: Packed, offsets: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
                 kw: int = 4, tw: int = 1, unroll: int = 1, rows_per_pass: int = 8) -> torch.Tensor:
     """``out[r] = x2[r] @ W[e]^T (+ bias[e])`` for ``offsets[e] <= r < offsets[e + 1]`` (rows sorted by expert;
-    offsets int32 / int64 on the device, never read on the host).  An expert's rows run ``rows_per_pass`` (8 or
-    16) at a time; experts without rows cost one empty CTA each."""
+    offsets int32 / int64 on the device, never read on the host).  An expert's rows run ``rows_per_pass`` (8, 16
+    or 32) at a time -- 32 (four token tiles) with ``unroll`` 1 or 2 only; experts without rows cost one empty CTA
+    each."""
     if not p.experts:
         raise ValueError("run_grouped takes a stacked (expert) view (repack_experts)")
-    if rows_per_pass not in (8, 16):
-        raise ValueError(f"rows_per_pass must be 8 or 16, got {rows_per_pass}")
+    if rows_per_pass not in (8, 16, 32):
+        raise ValueError(f"rows_per_pass must be 8, 16 or 32, got {rows_per_pass}")
+    if rows_per_pass == 32 and unroll > 2:
+        raise ValueError(f"32 rows per pass take unroll 1 or 2 (registers), got {unroll}")
     if offsets.dtype not in (torch.int32, torch.int64) or offsets.numel() != p.experts + 1 or \
             offsets.device != x2.device:
         raise ValueError(f"offsets must be {p.experts + 1} int32 / int64 row offsets on {x2.device}")

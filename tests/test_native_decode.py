@@ -308,6 +308,11 @@ def test_grouped_family_reasons():
     assert "act-order" in fam.reason(Call("grouped_linear", s, torch.bfloat16, 8, 1536, 2048, 128, True))
     assert [c.block_m for c in fam.candidates(Call("grouped_linear", s, torch.bfloat16, 8, 1536, 2048, 128))] \
         == [8] * len(fam.candidates(Call("grouped_linear", s, torch.bfloat16, 8, 1536, 2048, 128)))
+    # rows per pass: 16 above one row per expert on average, 32 above 8 (with one or two chunks in flight)
+    mid = fam.candidates(Call("grouped_linear", s, torch.bfloat16, 1024, 1536, 2048, 128))
+    wide = fam.candidates(Call("grouped_linear", s, torch.bfloat16, 2048, 1536, 2048, 128))
+    assert {c.block_m for c in mid} == {8, 16} and {c.block_m for c in wide} == {8, 16, 32}
+    assert all(c.num_stages <= 2 for c in wide if c.block_m == 32)
 
 
 @pytest.mark.gpu
@@ -368,6 +373,10 @@ def test_dense_decode_kernel_registers(tmp_path):
     dense = {args: (int(reg), int(local)) for name, args, reg, local in found if "grouped" not in name}
     assert dense and len(dense) < len(found), "the dense and grouped decode kernels were not both found"
     assert all(local == 0 for _, local in dense.values()), {a: v for a, v in dense.items() if v[1]}
+    # the grouped kernel's four token tiles (32 rows per pass) fit the 128-register cap of 512 threads, no spills
+    four = {args: (int(reg), int(local)) for name, args, reg, local in found
+            if "grouped" in name and re.search(r", 4, (true|false), [12]$", args)}
+    assert len(four) == 22 and all(local == 0 for _, local in four.values()), four
     # one token tile (NT = 1), no zero point, unroll 1 / 2: the configs the measured table picks at M = 1
     hot = {a: reg for a, (reg, _) in dense.items()
            if re.fullmatch(r"(__nv_bfloat16, (4|8|40|41)|__half, 18), 1, false, [12], false",

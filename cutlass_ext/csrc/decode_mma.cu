@@ -640,6 +640,9 @@ cudaError_t launch(const Params& p, int experts, int kw, int tw, cudaStream_t st
   const size_t smem = kw > 1 ? (size_t)tw * kw * 32 * 4 * NT * sizeof(float) : 0;
   if constexpr (XG) {  // dense launches only
     decode_mma_kernel<T, BITS, NT, ZERO, U, true><<<grid, block, smem, stream>>>(p);
+  } else if constexpr (NT == 4) {  // 32 rows per pass: grouped launches only (dense M is at most 16)
+    if (p.offsets == nullptr) return cudaErrorInvalidValue;
+    decode_mma_grouped_kernel<T, BITS, NT, ZERO, U><<<grid, block, smem, stream>>>(p);
   } else {
     if (p.offsets == nullptr)
       decode_mma_kernel<T, BITS, NT, ZERO, U, false><<<grid, block, smem, stream>>>(p);
@@ -654,8 +657,12 @@ cudaError_t pick_unroll(const Params& p, int experts, int unroll, int kw, int tw
   switch (unroll) {
     case 1: return launch<T, BITS, NT, ZERO, 1, XG>(p, experts, kw, tw, s);
     case 2: return launch<T, BITS, NT, ZERO, 2, XG>(p, experts, kw, tw, s);
-    case 3: return launch<T, BITS, NT, ZERO, 3, XG>(p, experts, kw, tw, s);
-    case 4: return launch<T, BITS, NT, ZERO, 4, XG>(p, experts, kw, tw, s);
+    case 3:  // four token tiles: one or two chunks in flight only (registers)
+      if constexpr (NT < 4) return launch<T, BITS, NT, ZERO, 3, XG>(p, experts, kw, tw, s);
+      return cudaErrorInvalidValue;
+    case 4:
+      if constexpr (NT < 4) return launch<T, BITS, NT, ZERO, 4, XG>(p, experts, kw, tw, s);
+      return cudaErrorInvalidValue;
     case 8:  // two token tiles with eight chunks in flight: not built (registers)
       if constexpr (NT == 1 && !XG) return launch<T, BITS, NT, ZERO, 8, XG>(p, experts, kw, tw, s);
       return cudaErrorInvalidValue;
@@ -678,11 +685,14 @@ cudaError_t pick_rest(const Params& p, int experts, int nt, bool zero, int unrol
   if constexpr (BITS >= 18) {
     if (nt == 1) return pick_unroll<T, BITS, 1, false>(p, experts, unroll, kw, tw, s);
     if (nt == 2) return pick_unroll<T, BITS, 2, false>(p, experts, unroll, kw, tw, s);
+    if (nt == 4) return pick_unroll<T, BITS, 4, false>(p, experts, unroll, kw, tw, s);
   } else {
     if (nt == 1) return zero ? pick_unroll<T, BITS, 1, true>(p, experts, unroll, kw, tw, s)
                              : pick_unroll<T, BITS, 1, false>(p, experts, unroll, kw, tw, s);
     if (nt == 2) return zero ? pick_unroll<T, BITS, 2, true>(p, experts, unroll, kw, tw, s)
                              : pick_unroll<T, BITS, 2, false>(p, experts, unroll, kw, tw, s);
+    if (nt == 4) return zero ? pick_unroll<T, BITS, 4, true>(p, experts, unroll, kw, tw, s)
+                             : pick_unroll<T, BITS, 4, false>(p, experts, unroll, kw, tw, s);
   }
   return cudaErrorInvalidValue;
 }
@@ -718,13 +728,14 @@ struct HtDecodeCall {
 // Returns a cudaError_t (0: launched).
 // device: the CUDA device of every pointer and of stream (this library's runtime keeps its own current device).
 // Grouped (MoE): offsets [experts + 1] (int32, or int64 when offsets_i64) of x / y rows per expert, every weight
-// array expert-major; M is then the rows per pass (8: one token tile, 16: two), any number of rows per expert.
+// array expert-major; M is then the rows per pass (8: one token tile, 16: two, 32: four -- unroll 1 or 2 only),
+// any number of rows per expert.
 int ht_decode_mma(const HtDecodeCall* call) {
   const auto [device, dtype, bits, zero, unroll, kw, tw, w, x, scales, zeros, fp4_scales, bias, bias_dtype, y,
               out_dtype, M, N, K, ldx, ldy, group_chunks, groups, chunks_per_warp, out_scale, row_scales,
               act_scales, act_ld, offsets, offsets_i64, experts, out_scales, stream] = *call;
-  if (M < 1 || (offsets == nullptr && M > 16) || kw < 1 || tw < 1 || 32 * kw * tw > 512 || experts < 1)
-    return cudaErrorInvalidValue;  // grouped launches: M is the rows per pass (8 or 16)
+  if (M < 1 || M > (offsets == nullptr ? 16 : 32) || kw < 1 || tw < 1 || 32 * kw * tw > 512 || experts < 1)
+    return cudaErrorInvalidValue;  // grouped launches: M is the rows per pass (8, 16 or 32)
   if (bits >= 40 && (dtype != 1 || zero)) return cudaErrorInvalidValue;  // e2m1: bf16 activations, no zero point
   if (bits == 18 && (dtype != 0 || zero)) return cudaErrorInvalidValue;  // e4m3: fp16 activations, no zero point
   if (bias_dtype < 0 || bias_dtype > 2 || out_dtype < 0 || out_dtype > 2) return cudaErrorInvalidValue;
@@ -743,7 +754,7 @@ int ht_decode_mma(const HtDecodeCall* call) {
            static_cast<const uint16_t*>(fp4_scales), bias, y, M, N, K, ldx, ldy, (K + 63) / 64, group_chunks, groups,
            chunks_per_warp, out_scale, row_scales, act_scales, act_ld, bias_dtype, out_dtype, offsets,
            offsets_i64, out_scales};
-  const int nt = M <= 8 ? 1 : 2;
+  const int nt = M <= 8 ? 1 : M <= 16 ? 2 : 4;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (act_scales != nullptr)
     return bits == 18 ? pick_act_groups<18>(p, nt, unroll, kw, tw, s) : pick_act_groups<8>(p, nt, unroll, kw, tw, s);

@@ -1,6 +1,6 @@
 """``mma_decode_grouped``: the native decode GEMM for MoE experts at decode-sized batches (``grouped_linear``):
 grid.y runs over the experts, each CTA reads its expert's row range from the device offsets (no host sync) and
-runs its rows 8 or 16 at a time through the same tile loop as ``mma_decode``.  Backend ``cuda``; ``auto`` runs
+runs its rows 8, 16 or 32 at a time through the same tile loop as ``mma_decode``.  Backend ``cuda``; ``auto`` runs
 it only where the device's measured table says it is fastest."""
 from __future__ import annotations
 
@@ -44,7 +44,10 @@ class MMADecodeGrouped(Family):
         return "fp16" if call.dtype == torch.float16 else "bf16"
 
     def candidates(self, call: Call) -> list[KernelConfig]:
-        passes = (8,) if call.m <= call.experts else (8, 16)  # rows per pass: one or two token tiles
+        # rows per pass: one, two or four token tiles.  Above 8 rows per expert on average many experts get more
+        # than 16, and each pass decodes the expert's weight tile again (decode is ALU-bound): 32-row passes
+        # decode it once (session 20; untimed until the table has them)
+        passes = (8,) if call.m <= call.experts else (8, 16) if call.m <= 8 * call.experts else (8, 16, 32)
         return [KernelConfig(self.name, bm, 16 * tw, 64, kw, 8, kw * tw, u) for bm in passes for kw, tw, u in _GRID]
 
     def run(self, x, offsets, qw, bias, out_dtype, cfg: KernelConfig, out):
