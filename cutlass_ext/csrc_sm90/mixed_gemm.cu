@@ -126,7 +126,9 @@ struct MixedGemm {
 
 // Kernel policies (the variant table's third column): two consumer warpgroups splitting a 128-row weight tile
 // (cooperative; persistent or stream-K tiles), or taking 64-row tiles in turn (pingpong: twice the tiles of a
-// 128-row grid, for the small M where 8192 rows make only 64 cooperative tiles).
+// 128-row grid, for the small M where 8192 rows make only 64 cooperative tiles).  Variants 10 / 11: all 256 tokens
+// of M = 256 in one tile, so each weight element is converted once, not once per 128-token tile (the conversion
+// bounds int4 at mid M), with the SMs filled by stream-K or by 64-row tiles.
 struct Persistent {
   using Scheduler = cutlass::gemm::PersistentScheduler;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -167,7 +169,9 @@ struct Pingpong {
   X(6, Shape<_128 COMMA _128 COMMA _64>, StreamK, __VA_ARGS__)     \
   X(7, Shape<_64 COMMA _16 COMMA _128>, Pingpong, __VA_ARGS__)     \
   X(8, Shape<_64 COMMA _32 COMMA _128>, Pingpong, __VA_ARGS__)     \
-  X(9, Shape<_64 COMMA _64 COMMA _128>, Pingpong, __VA_ARGS__)
+  X(9, Shape<_64 COMMA _64 COMMA _128>, Pingpong, __VA_ARGS__)     \
+  X(10, Shape<_128 COMMA _256 COMMA _64>, StreamK, __VA_ARGS__)    \
+  X(11, Shape<_64 COMMA _256 COMMA _64>, Pingpong, __VA_ARGS__)
 #endif
 
 }  // namespace
