@@ -297,6 +297,18 @@ def test_stacked_experts_are_the_dense_layouts(fmt, rng):
         assert_linear_close(got, ref[r0:r1], x[r0:r1], ht.dequantize_weight(qw)[e], torch.float32, f"{fmt} e{e}")
 
 
+def test_grouped_rows_per_pass_are_checked(rng):
+    """8, 16 or 32 rows per pass; 32 (four token tiles) with one or two chunks in flight only -- the launcher
+    refuses the rest before any CUDA call."""
+    p = dm.repack_experts(_experts("w4a16", 2, 32, 128, rng))
+    x, offsets = _routing([3, 40], 128, rng, torch.bfloat16)
+    out = torch.empty(43, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="8, 16 or 32"):
+        dm.run_grouped(x, p, offsets, None, out, rows_per_pass=24)
+    with pytest.raises(ValueError, match="unroll 1 or 2"):
+        dm.run_grouped(x, p, offsets, None, out, unroll=3, rows_per_pass=32)
+
+
 def test_grouped_family_reasons():
     from humming_triton.calls import Call
     from humming_triton.kernels import families
