@@ -13,14 +13,13 @@ they are fastest."""
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import torch
 
 from ...calls import Call, KernelConfig
 from . import register
 from .scaled_mm import RowwiseFP8
-from .scaled_mm_mx import as_e4m3_rows, mxfp4_weight_reason
+from .scaled_mm_mx import as_e4m3_rows, mxfp4_weight_reason, warn_once
 
 
 def expert_e4m3_rows(qw) -> tuple[torch.Tensor, torch.Tensor] | str:
@@ -105,10 +104,7 @@ def _grouped_instead(family: str, why: str, x, offsets, qw, bias, out_dtype, out
     """Experts whose rows e4m3 cannot hold exactly run on the Triton grouped kernel, with a warning the first time
     per weight."""
     from ..grouped import triton_grouped_linear
-    state = qw.cache.setdefault("torch", {})
-    if not state.get("mx_e4m3_warned"):
-        state["mx_e4m3_warned"] = True
-        warnings.warn(f"{family}: {why}; these experts run on the Triton grouped kernel instead", stacklevel=3)
+    warn_once(qw, f"{family}: {why}; these experts run on the Triton grouped kernel instead")
     return triton_grouped_linear(x, qw, offsets, bias, out_dtype, out=out)
 
 

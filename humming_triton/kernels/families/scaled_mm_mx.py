@@ -67,11 +67,16 @@ def dequant_instead(family: str, why: str, x, x2, qw, bias, out_dtype, out):
     """A weight whose rows e4m3 cannot hold exactly: dequant_mm runs it (same result), with a warning the first
     time per weight."""
     from . import get
+    warn_once(qw, f"{family}: {why}; this weight runs through dequant_mm instead")
+    return get("dequant_mm").run(x, x2, qw, bias, out_dtype, KernelConfig("dequant_mm", 1, 32, 128), out)
+
+
+def warn_once(qw, message: str) -> None:
+    """Warn the first time per weight that it has no e4m3 view and runs elsewhere (the caller names where)."""
     state = qw.cache.setdefault("torch", {})
     if not state.get("mx_e4m3_warned"):
         state["mx_e4m3_warned"] = True
-        warnings.warn(f"{family}: {why}; this weight runs through dequant_mm instead", stacklevel=3)
-    return get("dequant_mm").run(x, x2, qw, bias, out_dtype, KernelConfig("dequant_mm", 1, 32, 128), out)
+        warnings.warn(message, stacklevel=4)
 
 
 def e4m3_view(qw):
