@@ -3,7 +3,8 @@
 Plain nvcc, static CUDA runtime (the library needs only the driver at run time).  ``csrc/*.cu`` (the decode
 kernels): one cubin per numeric architecture named, plus PTX of the newest so that later GPUs can JIT it.
 ``90a`` adds ``csrc_sm90/mixed_gemm.cu``: the CUTLASS mixed-input WGMMA GEMMs for sm_90a, one translation unit
-per format (``-DHT_SM90_FMT``), compiled in parallel; ``100a`` adds ``csrc_sm100/*.cu``: the CUTLASS tcgen05
+per format (``-DHT_SM90_FMT``), compiled in parallel, and ``csrc_sm90_grouped/grouped_gemm.cu``: their grouped
+(MoE) counterparts, one unit per kernel; ``100a`` adds ``csrc_sm100/*.cu``: the CUTLASS tcgen05
 block-scaled GEMMs for sm_100a.  Both build against the nvidia-cutlass package's headers (``pip install
 nvidia-cutlass``; minutes of compile time).  ``--jobs`` compiles that many translation units at once.
 
@@ -27,6 +28,8 @@ HERE = Path(__file__).resolve().parent
 SOURCES = sorted((HERE / "csrc").glob("*.cu"))
 SM100_SOURCES = sorted((HERE / "csrc_sm100").glob("*.cu"))
 SM90_SOURCE = HERE / "csrc_sm90" / "mixed_gemm.cu"
+SM90_GROUPED_SOURCE = HERE / "csrc_sm90_grouped" / "grouped_gemm.cu"  # its own folder: its edits leave the
+# dense kernels' cache keys alone (a key hashes every file of its source's folder)
 DEFAULT_ARCHS = "80,90"
 SM90A = "90a"
 SM100 = "100a"
@@ -96,6 +99,28 @@ def sm90_formats() -> list[int]:
     return [int(i) for i in re.findall(r"^\s*X\((\d+),", table, re.M)]
 
 
+def sm90_grouped_kernels() -> list[tuple[int, int]]:
+    """Every (format, variant) of csrc_sm90_grouped/grouped_gemm.cu: its ``HT_SM90G_FMT == <id>`` branches x its
+    HT_SM90G_VARIANTS rows."""
+    import re
+    text = SM90_GROUPED_SOURCE.read_text()
+    fmts = [int(i) for i in re.findall(r"HT_SM90G_FMT == (\d+)", text)]
+    table = text[text.index("#define HT_SM90G_VARIANTS"):]
+    table = table[:table.index("\n\n")]
+    return [(f, int(v)) for f in fmts for v in re.findall(r"^\s*X\((\d+),", table, re.M)]
+
+
+def parse_grouped(spec: str) -> list[tuple[int, int]]:
+    """``--sm90-grouped``: ``none``, or FORMATS:VARIANTS groups as in ``--sm90-kernels`` (e.g. ``10:0-5/0:2``)."""
+    if spec.strip() == "none":
+        return []
+    pairs = _pairs(spec, "--sm90-grouped")
+    unknown = sorted(set(pairs) - set(sm90_grouped_kernels()))
+    if unknown:
+        raise ValueError(f"--sm90-grouped names kernels the source lacks: {unknown} (it has {sm90_grouped_kernels()})")
+    return pairs
+
+
 def _compile_all(commands: list[list[str]], jobs: int, quiet: bool) -> None:
     """Run compiles ``jobs`` at a time; the first failure stops the build with its output."""
     from concurrent.futures import ThreadPoolExecutor
@@ -147,10 +172,8 @@ def cached_object(cmd: list[str], cache: Path) -> Path:
     return cache / f"{Path(cmd[o + 1]).stem}.{h.hexdigest()[:16]}.o"
 
 
-def parse_kernels(spec: str) -> list[tuple[int, int]]:
-    """``--sm90-kernels`` -> (format, variant) pairs: groups ``FORMATS:VARIANTS`` joined by ``/``, each side a
-    comma list of ids or ranges (``0-9``), e.g. ``0,2,4:0-9/1,3:0,3,4`` (every variant of the bf16 formats 0, 2,
-    4; three of the fp16 formats 1, 3)."""
+def _pairs(spec: str, option: str) -> list[tuple[int, int]]:
+    """``FORMATS:VARIANTS`` groups joined by ``/`` -> (format, variant) pairs, each named once."""
     def ids(text):
         out = []
         for part in text.split(","):
@@ -161,8 +184,16 @@ def parse_kernels(spec: str) -> list[tuple[int, int]]:
     for group in spec.split("/"):
         fmts, sep, variants = group.partition(":")
         if not sep:
-            raise ValueError(f"bad --sm90-kernels group {group!r}: expected FORMATS:VARIANTS, e.g. 0,2:0-9")
+            raise ValueError(f"bad {option} group {group!r}: expected FORMATS:VARIANTS, e.g. 0,2:0-9")
         pairs += [(f, v) for f in ids(fmts) for v in ids(variants) if (f, v) not in pairs]
+    return pairs
+
+
+def parse_kernels(spec: str) -> list[tuple[int, int]]:
+    """``--sm90-kernels`` -> (format, variant) pairs: groups ``FORMATS:VARIANTS`` joined by ``/``, each side a
+    comma list of ids or ranges (``0-9``), e.g. ``0,2,4:0-9/1,3:0,3,4`` (every variant of the bf16 formats 0, 2,
+    4; three of the fp16 formats 1, 3)."""
+    pairs = _pairs(spec, "--sm90-kernels")
     unknown = sorted({f for f, _ in pairs} - set(sm90_formats())) + sorted({v for _, v in pairs} - set(sm90_variants()))
     if unknown:
         raise ValueError(f"--sm90-kernels names ids the source lacks: {unknown} (formats {sm90_formats()}, "
@@ -172,7 +203,8 @@ def parse_kernels(spec: str) -> list[tuple[int, int]]:
 
 def build(archs: list[str], out: Path | None = None, quiet: bool = False, jobs: int | None = None,
           sm90_formats_only: list[int] | None = None, split_variants: bool = False,
-          sm90_variants_only: list[int] | None = None, sm90_kernels: list[tuple[int, int]] | None = None) -> Path:
+          sm90_variants_only: list[int] | None = None, sm90_kernels: list[tuple[int, int]] | None = None,
+          sm90_grouped: list[tuple[int, int]] | None = None) -> Path:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise RuntimeError("nvcc is not on PATH: the native library needs the CUDA toolkit to build")
@@ -193,6 +225,10 @@ def build(archs: list[str], out: Path | None = None, quiet: bool = False, jobs: 
             objs.append(out.with_suffix(f".sm90_mixed_{tag}.o"))
             defines = (f"HT_SM90_FMT={fmt}",) + (() if v is None else (f"HT_SM90_VARIANT={v}",))
             commands.append(cutlass_command(SM90_SOURCE, objs[-1], SM90A, nvcc, defines))
+        for fmt, v in sm90_grouped_kernels() if sm90_grouped is None else sm90_grouped:
+            objs.append(out.with_suffix(f".sm90_grouped_{fmt}_v{v}.o"))
+            commands.append(cutlass_command(SM90_GROUPED_SOURCE, objs[-1], SM90A, nvcc,
+                                            (f"HT_SM90G_FMT={fmt}", f"HT_SM90G_VARIANT={v}")))
     if SM100 in archs:
         for src in SM100_SOURCES:
             objs.append(out.with_suffix(f".{src.stem}.o"))
@@ -226,6 +262,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sm90-kernels", default=None,
                     help="exactly these (format, variant) kernels, one unit each: FORMATS:VARIANTS groups joined by "
                          "'/', e.g. 0,2,4,6,8:0-9/1,3,5,7,9:0,1,3,4,6 (overrides --sm90-formats / --sm90-variants)")
+    ap.add_argument("--sm90-grouped", default=None,
+                    help="the grouped (MoE) sm_90a kernels to build: FORMATS:VARIANTS groups as in --sm90-kernels, "
+                         "or 'none' (default: all of them)")
     args = ap.parse_args(argv)
     only = [int(f) for f in args.sm90_formats.split(",")] if args.sm90_formats else None
     variants = [int(v) for v in args.sm90_variants.split(",")] if args.sm90_variants else None
@@ -238,8 +277,13 @@ def main(argv=None) -> int:
         kernels = parse_kernels(args.sm90_kernels) if args.sm90_kernels else None
     except ValueError as e:
         ap.error(str(e))
+    try:
+        grouped = parse_grouped(args.sm90_grouped) if args.sm90_grouped else None
+    except ValueError as e:
+        ap.error(str(e))
     build([a.strip() for a in args.arch.split(",") if a.strip()], args.out, jobs=args.jobs, sm90_formats_only=only,
-          split_variants=args.split_variants, sm90_variants_only=variants, sm90_kernels=kernels)
+          split_variants=args.split_variants, sm90_variants_only=variants, sm90_kernels=kernels,
+          sm90_grouped=grouped)
     return 0
 
 

@@ -1,0 +1,99 @@
+"""``cutlass_grouped`` / ``cutlass_grouped_bf16s``: MoE experts (``grouped_linear``) on the sm_90a CUTLASS grouped
+mixed-input GEMM (``cutlass_ext/csrc_sm90_grouped/grouped_gemm.cu``): every expert one problem of CUTLASS's
+pointer-array kernel, the int4 weight converted in registers and multiplied by its group scale in the mainloop,
+TMA-fed and warp-specialized -- the grouped counterpart of ``cutlass_mixed`` / ``cutlass_mixed_bf16s`` (fp32 /
+bf16 group scales).  int4 group-scaled experts, bf16 activations, no expert bias (a bias runs the Triton grouped
+kernel).  Backend ``cutlass``; ``auto`` runs them only where the device's measured table says they are fastest.
+
+KernelConfig: ``block_m`` the token tile, ``block_k`` the K tile, ``block_n`` the weight rows per tile (128:
+cooperative, 64: pingpong)."""
+from __future__ import annotations
+
+import torch
+
+from cutlass_ext import grouped_gemm as gg
+
+from ...calls import Call, KernelConfig
+from . import Family, register
+
+
+def variant_of(cfg: KernelConfig) -> int:
+    want = (cfg.block_m, cfg.block_k, cfg.block_n)
+    for v, spec in gg.VARIANTS.items():
+        if spec == want:
+            return v
+    raise ValueError(f"no CUTLASS grouped variant with token tile {cfg.block_m}, K tile {cfg.block_k}, "
+                     f"{cfg.block_n}-row weight tiles (variants: {gg.VARIANTS})")
+
+
+class CutlassGrouped(Family):
+    name = "cutlass_grouped"
+    op = "grouped_linear"
+    backend = "cutlass"
+    fmt = 0  # fp32 group scales: one rounding, as the reference's dequantized weight
+
+    def reason(self, call: Call) -> str | None:
+        if call.op != "grouped_linear" or not call.experts:
+            return "the CUTLASS grouped GEMM runs MoE experts (grouped_linear)"
+        if call.act_order:
+            return "act-order (k_perm) experts"
+        if call.facts is not None and tuple(getattr(call.facts, "sm", (9, 0))) != (9, 0):
+            return f"sm_90a kernels run on SM 9.0 only (this GPU is SM {'.'.join(map(str, call.facts.sm))})"
+        why = gg.weight_reason(call.scheme, call.n, call.k, call.dtype)
+        if why is None and call.device_type == "cuda":
+            why = gg.available(self.fmt)
+        return why
+
+    def mma(self, call: Call) -> str:
+        return "wgmma"
+
+    def _why_not(self, call: Call, v: int) -> str | None:
+        why = gg.variant_reason(v, call.scheme.group_k(call.k))
+        if why is None and call.device_type == "cuda" and v not in gg.built_variants(self.fmt):
+            why = f"the loaded native library does not hold CUTLASS grouped variant {v} of format {self.fmt}"
+        return why
+
+    def candidates(self, call: Call) -> list[KernelConfig]:
+        return [KernelConfig(self.name, bm, rows, bk, 1, 1, 12 if rows == 128 else 8, 0)
+                for v, (bm, bk, rows) in gg.VARIANTS.items() if self._why_not(call, v) is None]
+
+    def config_reason(self, call: Call, cfg: KernelConfig) -> str | None:
+        try:
+            return self._why_not(call, variant_of(cfg))
+        except ValueError as e:
+            return str(e)
+
+    def packed(self, qw):
+        return qw.cached_view("cutlass", ("grouped", self.fmt), lambda: gg.repack_experts(qw, self.fmt))
+
+    def run(self, x, offsets, qw, bias, out_dtype, cfg: KernelConfig, out):
+        t, n = x.shape[0], qw.N
+        out_dtype = out.dtype if out is not None else (out_dtype or x.dtype)
+        bias = qw.bias if bias is None else bias
+        if bias is not None:  # the kernel has no bias input: adding one to its bf16 output would round twice
+            from ..grouped import triton_grouped_linear
+            return triton_grouped_linear(x, qw, offsets, bias, out_dtype, out=out)
+        y = out if out is not None else torch.empty(t, n, dtype=out_dtype, device=x.device)
+        if t == 0:
+            return y
+        x = x if x.is_contiguous() else x.contiguous()
+        target = y if y.dtype == torch.bfloat16 and y.is_contiguous() else \
+            torch.empty(t, n, dtype=torch.bfloat16, device=x.device)
+        gg.run(x, self.packed(qw), offsets, target, variant_of(cfg))
+        if target is not y:
+            y.copy_(target)
+        return y
+
+
+register(CutlassGrouped())
+
+
+class CutlassGroupedBF16Scales(CutlassGrouped):
+    """``cutlass_grouped_bf16s``: the mainloop multiplies each converted weight by its group scale in bf16 (the
+    scale rounded to bf16 at repack, the product rounded again: two roundings) -- fewer instructions in the
+    conversion that bounds int4 at mid M (dense: 15 % at M = 256, session 20)."""
+    name = "cutlass_grouped_bf16s"
+    fmt = 10
+
+
+register(CutlassGroupedBF16Scales())
