@@ -155,7 +155,7 @@ def run(x: torch.Tensor, p: PackedExperts, offsets: torch.Tensor, out: torch.Ten
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     sms = _sm_count(index)
     nbytes = _bound(lib, p.fmt, "workspace", variant)(p.experts, p.group, sms)
-    ws = _workspace(x.device, nbytes)
+    ws = _workspace(x.device, max(nbytes, 1 << 20))  # sized once: a CUDA graph keeps the address it captured
     err = _bound(lib, p.fmt, "gemm", variant)(
         p.w.data_ptr(), p.scales.data_ptr(), x.data_ptr(), offsets.data_ptr(), int(offsets.dtype == torch.int64),
         out.data_ptr(), p.experts, p.n, p.k, p.group, sms, ws.data_ptr(), ws.numel(), current_stream(x.device))

@@ -196,12 +196,16 @@ def built_variants(fmt: int) -> list[int]:
 
 
 _WORKSPACES: dict = {}
+_OUTGROWN: list = []  # buffers a larger one replaced: kept, since a captured CUDA graph may still use them
 
 
 def _workspace(device, nbytes: int) -> torch.Tensor:
-    """A per-device scratch buffer that only grows (stream-K's partial tiles; reused across calls)."""
+    """A per-device scratch buffer that only grows (stream-K's partial tiles, the grouped GEMM's per-expert
+    arrays; reused across calls on the stream)."""
     ws = _WORKSPACES.get(device)
     if ws is None or ws.numel() < nbytes:
+        if ws is not None:
+            _OUTGROWN.append(ws)
         ws = _WORKSPACES[device] = torch.empty(max(nbytes, 256), dtype=torch.uint8, device=device)
     return ws
 

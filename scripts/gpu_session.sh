@@ -12,6 +12,7 @@
 #   tune    the measured dispatch table: every candidate (backend x family x config) of every case of the
 #           suites $TUNE_SUITES (default headline,decode; filter $TUNE_ONLY), compiled in $TUNE_JOBS processes first
 #           (writes autotune_configs/<device>.json, copied to $OUT)
+#   tuneclean a second tune pass over $TUNE_MATCH_CLEAN, run only when no GPU test failed earlier in the call
 #   native  the native CUDA library (cutlass_ext): loads or is built here, its GPU tests, an ncu profile and a
 #           sweep of its configs at the decode shapes, weight-only and on activation codes (mma_decode_act)
 #                                                                            -> native*.txt, native*_sweep.json
@@ -86,6 +87,16 @@ for step in $STEPS; do
       timeout -k 5 ${TUNE_S:-300} python3 -m humming_triton.tune --suite ${TUNE_SUITES:-headline,decode} \
         ${TUNE_ONLY:+--only "$TUNE_ONLY"} ${TUNE_MATCH:+--match "$TUNE_MATCH"} --jobs ${TUNE_JOBS:-12} > "$OUT/tune.txt" 2>&1
       cp autotune_configs/*.json "$OUT/" ;;
+    tuneclean)  # a second tune pass over $TUNE_MATCH_CLEAN, only when no GPU test failed before it in this call (a new
+                # kernel's keys are tuned only after its own tests passed: a crashed kernel would end the call)
+      stamp tuneclean
+      if grep -q '^FAILED' "$HT_FAILLOG"; then
+        echo "skipped: $(grep -c '^FAILED' "$HT_FAILLOG") GPU test failures logged before it" > "$OUT/tuneclean.txt"
+      else
+        timeout -k 5 ${TUNE_CLEAN_S:-250} python3 -m humming_triton.tune --suite ${TUNE_SUITES:-headline,decode} \
+          --match "$TUNE_MATCH_CLEAN" --jobs ${TUNE_JOBS:-12} > "$OUT/tuneclean.txt" 2>&1
+        cp autotune_configs/*.json "$OUT/"
+      fi ;;
     native)  # the native library: load the carried build, else build it here; its GPU tests; one ncu profile
       stamp native
       python3 -c "from cutlass_ext import native; import sys; w = native.unavailable(); print(w or 'native library loads'); sys.exit(1 if w else 0)" \
