@@ -5,7 +5,7 @@ and a float64 CPU emulation of what it computes.
 ``y[r] = x[r] @ W[e]^T`` for rows ``offsets[e] <= r < offsets[e + 1]`` (rows sorted by expert, offsets on the
 device, never read on the host): every expert is one problem of CUTLASS's pointer-array grouped kernel, whose
 per-expert sizes and pointers a small kernel writes from the offsets on the same stream.  int4 experts with group
-scales, bf16 activations and output.  Built with ``python3 -m cutlass_ext.build --arch 80,90,90a``.
+scales, or e4m3 rows with a power-of-two row scale (MXFP4 experts); bf16 activations and output.  Built with ``python3 -m cutlass_ext.build --arch 80,90,90a``.
 """
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ import torch
 from .mixed_gemm import _workspace
 from .native import current_stream, library
 
-# format -> the group-scale type the mainloop multiplies by: 0 fp32 (q * s exact, one rounding to bf16), 10 bf16
-# (the scale rounded to bf16 at repack, the product rounded again: two roundings, fewer instructions)
-FORMATS = {0: torch.float32, 10: torch.bfloat16}
+# format -> (weight codes, the scale type the mainloop multiplies by): 0 int4 x fp32 group scales (q * s exact, one
+# rounding to bf16), 10 int4 x bf16 group scales (the scale rounded to bf16 at repack, the product again: two
+# roundings, fewer instructions), 6 e4m3 x one bf16 scale per row (group = K; a power of two: exact)
+FORMATS = {0: ("int4", torch.float32), 10: ("int4", torch.bfloat16), 6: ("e4m3fn", torch.bfloat16)}
+ROW_EXPONENTS = (-124, 119)  # 2^e times any e4m3 value is a bf16 value (no overflow, no lost subnormal bit)
 # variant -> (token tile, K tile, weight rows per tile): HT_SM90G_VARIANTS.  128-row tiles are split by two
 # consumer warpgroups (cooperative), 64-row tiles go to one warpgroup at a time (pingpong)
 VARIANTS = {0: (32, 128, 128), 1: (64, 128, 128), 2: (128, 64, 128), 3: (256, 64, 128), 4: (64, 128, 64),
@@ -28,7 +30,8 @@ VARIANTS = {0: (32, 128, 128), 1: (64, 128, 128), 2: (128, 64, 128), 3: (256, 64
 
 
 def weight_reason(scheme, n: int, k: int, dtype: torch.dtype) -> str | None:
-    """None when the kernel takes experts of this scheme and shape with ``dtype`` activations, else why not."""
+    """None when the int4 formats take experts of this scheme and shape with ``dtype`` activations, else why
+    not."""
     from humming_triton.formats.dtypes import WideFloat
     if scheme.act is not None:
         return f"{scheme.name} quantizes its activations (this kernel takes bf16 activations)"
@@ -61,8 +64,8 @@ def variant_reason(variant: int, group: int) -> str | None:
 class PackedExperts:
     """Every expert as the kernel takes it (made once per weight, cached on it)."""
     fmt: int
-    w: torch.Tensor       # uint8 [E, N, K / 2]: the canonical codes' bytes (K-major, low nibble first)
-    scales: torch.Tensor  # [E, K / g, N] (N contiguous) in FORMATS[fmt]
+    w: torch.Tensor       # uint8 [E, N, K * bits / 8]: int4 codes' bytes (K-major, low nibble first) or e4m3 bytes
+    scales: torch.Tensor  # [E, K / g, N] (N contiguous) in FORMATS[fmt][1]
     experts: int
     n: int
     k: int
@@ -73,8 +76,9 @@ def repack_experts(qw, fmt: int) -> PackedExperts:
     """The kernel's operands for a 3-D canonical QuantWeight ``[E, N, K]``: the packed codes as they are (bytes of
     the kpack32 words), the scales transposed to N-major per expert and converted to the format's scale type."""
     from humming_triton.formats.weight import decode_scales
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown grouped format {fmt} (formats {sorted(FORMATS)})")
+    if FORMATS.get(fmt, ("",))[0] != "int4":
+        raise ValueError(f"unknown grouped int4 format {fmt} (int4 formats: "
+                         f"{sorted(f for f, (w, _) in FORMATS.items() if w == 'int4')})")
     if qw.data.dim() != 3 or qw.k_perm is not None:
         raise ValueError("the CUTLASS grouped GEMM takes 3-D expert weights without act-order")
     e, n, k = qw.shape
@@ -85,7 +89,23 @@ def repack_experts(qw, fmt: int) -> PackedExperts:
     if w.shape != (e, n, k // 2):
         raise ValueError(f"packed codes of shape {list(qw.data.shape)} are not {e} x {n} rows of {k // 2} bytes")
     s = decode_scales(qw.scales, qw.scheme).to(torch.float32)  # [E, N, groups]
-    return PackedExperts(fmt, w, s.transpose(1, 2).contiguous().to(FORMATS[fmt]), e, n, k, qw.scheme.group_k(k))
+    return PackedExperts(fmt, w, s.transpose(1, 2).contiguous().to(FORMATS[fmt][1]), e, n, k, qw.scheme.group_k(k))
+
+
+def pack_e4m3_rows(codes: torch.Tensor, row_scales: torch.Tensor) -> PackedExperts | str:
+    """Format 6's operands from experts as e4m3 rows (``codes`` float8_e4m3fn [E, N, K], fp32 ``row_scales``
+    [E, N], each a power of two or NaN -- ``scaled_grouped_mm.expert_e4m3_rows``), or why not: a row scale outside
+    2^-124 .. 2^119 would make some code's bf16 product inexact."""
+    e, n, k = codes.shape
+    finite = row_scales[torch.isfinite(row_scales)]
+    if finite.numel():
+        exps = torch.frexp(finite)[1] - 1
+        lo, hi = int(exps.min()), int(exps.max())
+        if lo < ROW_EXPONENTS[0] or hi > ROW_EXPONENTS[1]:
+            return (f"row scales from 2^{lo} to 2^{hi}: bf16 products are exact for 2^{ROW_EXPONENTS[0]} .. "
+                    f"2^{ROW_EXPONENTS[1]} only")
+    scales = row_scales.to(torch.bfloat16).reshape(e, 1, n).contiguous()
+    return PackedExperts(6, codes.contiguous().view(torch.uint8), scales, e, n, k, k)
 
 
 def _symbol(what: str, fmt: int, variant: int) -> str:
@@ -169,11 +189,14 @@ def run(x: torch.Tensor, p: PackedExperts, offsets: torch.Tensor, out: torch.Ten
 
 def emulate(x: torch.Tensor, p: PackedExperts, offsets: torch.Tensor) -> torch.Tensor:
     """What the kernel computes, in float64 from the packed operands alone: each expert's codes read as CUTLASS
-    reads the bytes (low nibble first), times the group scale in the format's scale type, rounded to bf16; the
+    reads the bytes (low nibble first; e4m3 as they are), times the group scale in the format's scale type, rounded to bf16; the
     accumulator rounded to bf16 by the caller's comparison."""
-    raw = p.w.to(torch.int32)
-    codes = torch.stack([raw & 15, raw >> 4], -1).reshape(p.experts, p.n, p.k)
-    q = torch.where(codes >= 8, codes - 16, codes).to(p.scales.dtype)
+    if FORMATS[p.fmt][0] == "int4":
+        raw = p.w.to(torch.int32)
+        codes = torch.stack([raw & 15, raw >> 4], -1).reshape(p.experts, p.n, p.k)
+        q = torch.where(codes >= 8, codes - 16, codes).to(p.scales.dtype)
+    else:
+        q = p.w.view(torch.float8_e4m3fn).to(p.scales.dtype)
     s = p.scales.transpose(1, 2).repeat_interleave(p.group, 2)  # [E, N, K]
     w = (q * s).to(torch.bfloat16).double()
     y = torch.zeros(x.shape[0], p.n, dtype=torch.float64, device=x.device)

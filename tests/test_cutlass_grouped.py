@@ -1,5 +1,6 @@
 """MoE experts on the sm_90a CUTLASS grouped mixed-input GEMM (``cutlass_ext/csrc_sm90_grouped``, families
-``cutlass_grouped`` / ``cutlass_grouped_bf16s``, backend ``cutlass``; issue 11).
+``cutlass_grouped`` / ``cutlass_grouped_bf16s`` (int4) and ``cutlass_grouped_mx`` (MXFP4 as e4m3 rows), backend
+``cutlass``; issue 11).
 
 CPU: the Python tables agree with the .cu's; the repacked experts, read back the way CUTLASS reads them
 (``emulate``: low nibble first, N-major scales in the format's type), equal the reference over uneven and empty
@@ -20,7 +21,8 @@ from humming_triton.kernels import families
 from humming_triton.testing import assert_linear_close, poison_like
 
 ROOT = Path(__file__).resolve().parent.parent
-FAMILIES = {"cutlass_grouped": 0, "cutlass_grouped_bf16s": 10}
+FAMILIES = {"cutlass_grouped": 0, "cutlass_grouped_bf16s": 10}  # the int4 families
+ALL_FAMILIES = {**FAMILIES, "cutlass_grouped_mx": 6}
 SCHEMES = ["w4a16", "weight=int4,scale=bf16:g64", "weight=int4,scale=fp32:g256"]
 
 
@@ -41,18 +43,22 @@ def test_tables_match_the_source():
     variants = re.findall(r"X\((\d+), Shape<_(\d+) COMMA _(\d+) COMMA _(\d+)>, (\w+)\)", text)
     assert {int(v): (int(t), int(k), int(rows)) for v, rows, t, k, _ in variants} == gg.VARIANTS
     assert all((policy == "Pingpong") == (rows == "64") for _, rows, _, _, policy in variants)
-    fmts = dict(re.findall(r"HT_SM90G_FMT == (\d+)\nusing HtScale = (?:cutlass::)?(\w+);", text))
-    assert {int(f): {"float": torch.float32, "bfloat16_t": torch.bfloat16}[t] for f, t in fmts.items()} == gg.FORMATS
-    assert sm90_grouped_kernels() == [(f, v) for f in sorted(gg.FORMATS) for v in sorted(gg.VARIANTS)]
+    rows = re.findall(r"HT_SM90G_FMT == (\d+)\nusing HtWeight = (?:cutlass::)?(\w+);\nusing HtScale = (?:cutlass::)?(\w+);",
+                      text)
+    weights = {"int4b_t": "int4", "float_e4m3_t": "e4m3fn"}
+    scales = {"float": torch.float32, "bfloat16_t": torch.bfloat16}
+    assert {int(f): (weights[w], scales[t]) for f, w, t in rows} == gg.FORMATS
+    assert sorted(sm90_grouped_kernels()) == sorted((f, v) for f in gg.FORMATS for v in gg.VARIANTS)
+    assert {families.get(n).fmt for n in ALL_FAMILIES} == set(gg.FORMATS)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-@pytest.mark.parametrize("fmt", sorted(gg.FORMATS))
+@pytest.mark.parametrize("fmt", sorted(FAMILIES.values()))
 def test_emulated_kernel_matches_reference(scheme, fmt, rng):
     e, n, k = 5, 72, 512
     qw = _experts(scheme, e, n, k, rng)
     p = gg.repack_experts(qw, fmt)
-    assert p.w.shape == (e, n, k // 2) and p.scales.shape == (e, k // p.group, n) and p.scales.dtype == gg.FORMATS[fmt]
+    assert p.w.shape == (e, n, k // 2) and p.scales.shape == (e, k // p.group, n) and p.scales.dtype == gg.FORMATS[fmt][1]
     x, offsets = _routed([3, 0, 9, 1, 20], k, rng)
     ref = ht.reference_grouped_linear(x, qw, offsets, out_dtype=torch.float32).double()
     got = gg.emulate(x, p, offsets)
@@ -127,7 +133,7 @@ def test_run_checks_its_arguments_before_the_library(rng):
         gg.run(x, p, offsets[:3], out, 0)
     with pytest.raises(ValueError, match="3-D expert weights"):
         gg.repack_experts(ht.quantize_weight(torch.randn(64, 256, generator=rng), "w4a16"), 0)
-    with pytest.raises(ValueError, match="unknown grouped format"):
+    with pytest.raises(ValueError, match="unknown grouped int4 format"):
         gg.repack_experts(qw, 6)
 
 
@@ -148,6 +154,52 @@ def test_families_are_opt_in(monkeypatch):
                                                 experts=128, facts=facts_for_sm((10, 0))))
     assert dispatch._measured_choice(call, {}, None) is None
     assert backends.get("triton").default(call).family not in FAMILIES
+
+
+# ---- MXFP4 experts as e4m3 rows (format 6) ------------------------------------------------------------------------
+
+def _mx_family():
+    return families.get("cutlass_grouped_mx")
+
+
+@pytest.mark.parametrize("spread", [0, 6])
+def test_mx_rows_emulated_match_reference(spread, rng):
+    """The e4m3 rows and bf16 row scales the family hands the kernel, read back as format 6 computes (e4m3 -> bf16,
+    times the row scale in bf16), give the reference's products: the conversion is exact."""
+    e, n, k = 4, 48, 512
+    w = torch.randn(e, n, k, generator=rng) * 0.05
+    if spread:  # blocks' magnitudes ramp over that many binades along K
+        w = w * torch.exp2(torch.linspace(0, spread, k // 32)).repeat_interleave(32)
+    qw = ht.quantize_weight(w, "mxfp4")
+    p = _mx_family().packed(qw)
+    assert p.fmt == 6 and p.group == k and p.scales.shape == (e, 1, n) and p.w.shape == (e, n, k)
+    deq = p.w.view(torch.float8_e4m3fn).to(torch.bfloat16) * p.scales.transpose(1, 2)
+    assert torch.equal(deq.float(), ht.dequantize_weight(qw).float())  # exact, row by row
+    x, offsets = _routed([3, 0, 9, 20], k, rng)
+    ref = ht.reference_grouped_linear(x, qw, offsets, out_dtype=torch.float32).double()
+    got = gg.emulate(x, p, offsets)
+    assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
+def test_mx_rows_outside_bf16s_exact_range_are_refused():
+    codes = torch.ones(2, 8, 64).to(torch.float8_e4m3fn)
+    ok = gg.pack_e4m3_rows(codes, torch.full((2, 8), 2.0 ** -124))
+    assert isinstance(ok, gg.PackedExperts)
+    for bad in (2.0 ** -125, 2.0 ** 120):
+        why = gg.pack_e4m3_rows(codes, torch.full((2, 8), bad))
+        assert isinstance(why, str) and "exact" in why
+
+
+@pytest.mark.parametrize("scheme,dtype,n,k,why", [
+    ("w4a16", torch.bfloat16, 256, 1024, "converts MXFP4"),
+    ("nvfp4", torch.bfloat16, 256, 1024, "converts MXFP4"),
+    ("mxfp4", torch.float16, 256, 1024, "bf16 only"),
+    ("w4a8-mxfp4", torch.bfloat16, 256, 1024, "quantizes its activations"),
+    ("mxfp4", torch.bfloat16, 256, 1056, "K=1056"),
+])
+def test_mx_reasons(scheme, dtype, n, k, why):
+    call = Call("grouped_linear", ht.QuantScheme.parse(scheme), dtype, 64, n, k, experts=8, device_type="cpu")
+    assert why in (_mx_family().reason(call) or "")
 
 
 # ---- the kernels on the GPU ------------------------------------------------------------------------------------
@@ -236,3 +288,29 @@ def test_sm90a_grouped_kernel_compiles_to_wgmma(tmp_path):
     assert re.search(r"HGMMA\.64x128x16\.F32\.BF16\b", sass), set(re.findall(r"HGMMA\.\S+", sass))
     res = subprocess.run([tool, "-res-usage", str(obj)], capture_output=True, text=True, timeout=600).stdout
     assert res.count("Function") == 3 and res.count("LOCAL:0") == 3, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", COUNTS, ids=str)
+def test_mx_kernel_matches_reference(counts, rng):
+    fam = _mx_family()
+    if gg.available(6):
+        pytest.fail(gg.available(6))
+    counts = COUNTS[counts]
+    n, k = 200, 1024
+    w = torch.randn(len(counts), n, k, generator=rng) * 0.05
+    qw = ht.quantize_weight(w * torch.exp2(torch.linspace(0, 5, k // 32)).repeat_interleave(32), "mxfp4").to("cuda")
+    x, offsets = _routed(counts, k, rng)
+    ref = ht.reference_grouped_linear(x, qw.to("cpu"), offsets, out_dtype=torch.float32).double()
+    w_hat = ht.dequantize_weight(qw.to("cpu"))
+    call = Call("grouped_linear", qw.scheme, torch.bfloat16, x.shape[0], n, k, experts=len(counts))
+    assert fam.reason(call) is None and fam.candidates(call)
+    for cfg in fam.candidates(call):
+        out = poison_like(torch.empty(x.shape[0], n, dtype=torch.bfloat16, device="cuda"))
+        y = fam.run(x.cuda(), offsets.cuda(), qw, None, torch.bfloat16, cfg, out)
+        assert y.data_ptr() == out.data_ptr()
+        for e, c in enumerate(counts):
+            rows = slice(int(offsets[e]), int(offsets[e + 1]))
+            if c:
+                assert_linear_close(y[rows].cpu(), ref[rows], x[rows].float(), w_hat[e], torch.bfloat16,
+                                    f"mx expert {e} {cfg.describe()}")

@@ -2,7 +2,7 @@
 // ("grouped") TMA + WGMMA collectives:
 //   y[r, N] = x[r, K] @ dequant(W[e])^T   for offsets[e] <= r < offsets[e + 1]   (rows sorted by expert)
 // Each expert is one problem of the group, computed swapped as in csrc_sm90/mixed_gemm.cu: D_e[N, T_e] =
-// W_e[N, K] @ x_e[T_e, K]^T with D column-major (= y_e row-major), the int4 weight the register-sourced WGMMA
+// W_e[N, K] @ x_e[T_e, K]^T with D column-major (= y_e row-major), the quantized weight the register-sourced WGMMA
 // operand (converted and multiplied by its group scale in the mainloop), the expert's tokens the MMA's N side.
 //
 // Why a grouped kernel: the dense CUTLASS path runs w4a16 at 0.9-1.05x Humming from M = 256, while the MoE rows
@@ -13,10 +13,11 @@
 // device offsets (one tiny launch on the same stream), and the grouped scheduler launches one persistent CTA per
 // SM without host problem sizes.  An expert with no rows is a problem with no tiles.
 //
-// Formats (one translation unit each, -DHT_SM90G_FMT): 0 = int4 with fp32 group scales (exact: q * s in fp32,
-// one rounding to bf16), 10 = int4 with bf16 group scales (the scale rounded to bf16, then the product: two
-// roundings, fewer instructions) -- the twins of csrc_sm90's formats 0 / 10.  bf16 activations and output; no
-// bias (an expert bias runs elsewhere).  Variants: HT_SM90G_VARIANTS (tile shape x schedule), timed by the tuner.
+// Formats (one kernel per translation unit: -DHT_SM90G_FMT, -DHT_SM90G_VARIANT): 0 = int4 with fp32 group scales
+// (exact: q * s in fp32, one rounding to bf16), 10 = int4 with bf16 group scales (two roundings, fewer
+// instructions) -- the twins of csrc_sm90's formats 0 / 10 -- and 6 = e4m3 with one bf16 scale per row (MXFP4
+// experts as exact e4m3 rows times a power of two: exact in bf16).  bf16 activations and output; no bias (an expert
+// bias runs elsewhere).  Variants: HT_SM90G_VARIANTS (tile shape x schedule), timed by the tuner.
 #include <cutlass/cutlass.h>
 #include <cute/tensor.hpp>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
@@ -43,10 +44,10 @@ struct Pingpong {
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 };
 
-template <class ElementScale_, class TileShape, class Policy>
+template <class ElementW_, class ElementScale_, class TileShape, class Policy>
 struct GroupedGemm {
   using ElementScale = ElementScale_;
-  using ElementW = cutlass::int4b_t;
+  using ElementW = ElementW_;
   using ElementX = cutlass::bfloat16_t;
   using ElementD = cutlass::bfloat16_t;
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // per expert (N, T_e, K)
@@ -144,7 +145,7 @@ __global__ void ht_fill_groups(typename G::Arrays a, const Offset* offsets, int 
   if (e >= experts) return;
   int64_t lo = int64_t(offsets[e]), rows = int64_t(offsets[e + 1]) - lo;
   a.problems[e] = typename G::Shape3(n, int(rows), k);
-  a.w[e] = reinterpret_cast<const typename G::ElementW*>(w + int64_t(e) * n * (k / 2));
+  a.w[e] = reinterpret_cast<const typename G::ElementW*>(w + int64_t(e) * n * (k * cutlass::sizeof_bits<typename G::ElementW>::value / 8));
   a.x[e] = x + lo * k;
   a.s[e] = s + int64_t(e) * (k / group) * n;
   a.d[e] = d + lo * n;
@@ -207,16 +208,22 @@ size_t workspace_grouped(int experts, int group, int sm_count) {
 using namespace ht_grouped;
 
 // One kernel per translation unit: -DHT_SM90G_FMT=<format> -DHT_SM90G_VARIANT=<variant> (cutlass_ext/build.py).
-// Formats: 0 = fp32 group scales, 10 = bf16 group scales.
+// Formats: 0 = int4 with fp32 group scales, 10 = int4 with bf16 group scales, 6 = e4m3 with one bf16 scale per row
+// (group = K): MXFP4 experts as exact e4m3 rows whose row scale is a power of two, so the bf16 product is exact.
 #if !defined(HT_SM90G_FMT) || !defined(HT_SM90G_VARIANT)
 #error "compile once per kernel: -DHT_SM90G_FMT=<id> -DHT_SM90G_VARIANT=<id> (cutlass_ext/build.py does)"
 #endif
 #if HT_SM90G_FMT == 0
+using HtWeight = cutlass::int4b_t;
 using HtScale = float;
 #elif HT_SM90G_FMT == 10
+using HtWeight = cutlass::int4b_t;
+using HtScale = cutlass::bfloat16_t;
+#elif HT_SM90G_FMT == 6
+using HtWeight = cutlass::float_e4m3_t;
 using HtScale = cutlass::bfloat16_t;
 #else
-#error "unknown grouped format (0: fp32 group scales, 10: bf16 group scales)"
+#error "unknown grouped format (0, 10: int4 with fp32 / bf16 group scales; 6: e4m3 with bf16 row scales)"
 #endif
 
 #define HT_PICK(V, T, POLICY) \
@@ -225,7 +232,7 @@ using HtScale = cutlass::bfloat16_t;
 HT_SM90G_VARIANTS(HT_PICK)
 #define HT_CAT2(a, b) a##b
 #define HT_CAT(a, b) HT_CAT2(a, b)
-using HtGrouped = GroupedGemm<HtScale, HT_CAT(HtTile, HT_SM90G_VARIANT), HT_CAT(HtPolicy, HT_SM90G_VARIANT)>;
+using HtGrouped = GroupedGemm<HtWeight, HtScale, HT_CAT(HtTile, HT_SM90G_VARIANT), HT_CAT(HtPolicy, HT_SM90G_VARIANT)>;
 #define HT_SUFFIX HT_CAT(HT_CAT(HT_SM90G_FMT, _v), HT_SM90G_VARIANT)
 
 extern "C" {

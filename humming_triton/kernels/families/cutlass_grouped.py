@@ -1,9 +1,9 @@
-"""``cutlass_grouped`` / ``cutlass_grouped_bf16s``: MoE experts (``grouped_linear``) on the sm_90a CUTLASS grouped
+"""``cutlass_grouped`` / ``cutlass_grouped_bf16s`` / ``cutlass_grouped_mx``: MoE experts (``grouped_linear``) on the sm_90a CUTLASS grouped
 mixed-input GEMM (``cutlass_ext/csrc_sm90_grouped/grouped_gemm.cu``): every expert one problem of CUTLASS's
 pointer-array kernel, the int4 weight converted in registers and multiplied by its group scale in the mainloop,
 TMA-fed and warp-specialized -- the grouped counterpart of ``cutlass_mixed`` / ``cutlass_mixed_bf16s`` (fp32 /
-bf16 group scales).  int4 group-scaled experts, bf16 activations, no expert bias (a bias runs the Triton grouped
-kernel).  Backend ``cutlass``; ``auto`` runs them only where the device's measured table says they are fastest.
+bf16 group scales) and of ``cutlass_mx_e4m3`` (MXFP4 experts as exact e4m3 rows).  bf16 activations, no expert
+bias (a bias runs the Triton grouped kernel).  Backend ``cutlass``; ``auto`` runs them only where the device's measured table says they are fastest.
 
 KernelConfig: ``block_m`` the token tile, ``block_k`` the K tile, ``block_n`` the weight rows per tile (128:
 cooperative, 64: pingpong)."""
@@ -39,16 +39,23 @@ class CutlassGrouped(Family):
             return "act-order (k_perm) experts"
         if call.facts is not None and tuple(getattr(call.facts, "sm", (9, 0))) != (9, 0):
             return f"sm_90a kernels run on SM 9.0 only (this GPU is SM {'.'.join(map(str, call.facts.sm))})"
-        why = gg.weight_reason(call.scheme, call.n, call.k, call.dtype)
+        why = self.weight_reason(call)
         if why is None and call.device_type == "cuda":
             why = gg.available(self.fmt)
         return why
+
+    def weight_reason(self, call: Call) -> str | None:
+        return gg.weight_reason(call.scheme, call.n, call.k, call.dtype)
+
+    def group(self, call: Call) -> int:
+        """The scale group the kernel sees."""
+        return call.scheme.group_k(call.k)
 
     def mma(self, call: Call) -> str:
         return "wgmma"
 
     def _why_not(self, call: Call, v: int) -> str | None:
-        why = gg.variant_reason(v, call.scheme.group_k(call.k))
+        why = gg.variant_reason(v, self.group(call))
         if why is None and call.device_type == "cuda" and v not in gg.built_variants(self.fmt):
             why = f"the loaded native library does not hold CUTLASS grouped variant {v} of format {self.fmt}"
         return why
@@ -79,7 +86,11 @@ class CutlassGrouped(Family):
         x = x if x.is_contiguous() else x.contiguous()
         target = y if y.dtype == torch.bfloat16 and y.is_contiguous() else \
             torch.empty(t, n, dtype=torch.bfloat16, device=x.device)
-        gg.run(x, self.packed(qw), offsets, target, variant_of(cfg))
+        p = self.packed(qw)
+        if isinstance(p, str):  # experts this format cannot hold exactly: the Triton grouped kernel, with a warning
+            from .scaled_grouped_mm import _grouped_instead
+            return _grouped_instead(self.name, p, x, offsets, qw, None, out_dtype, out)
+        gg.run(x, p, offsets, target, variant_of(cfg))
         if target is not y:
             y.copy_(target)
         return y
@@ -97,3 +108,41 @@ class CutlassGroupedBF16Scales(CutlassGrouped):
 
 
 register(CutlassGroupedBF16Scales())
+
+
+class CutlassGroupedMX(CutlassGrouped):
+    """``cutlass_grouped_mx``: MXFP4 experts as their exact e4m3 rows (``scaled_grouped_mm.expert_e4m3_rows``, one
+    cached byte per weight) on format 6, whose mainloop converts e4m3 to bf16 and multiplies by the row's
+    power-of-two scale in bf16 -- exact, so the only roundings are the bf16 GEMM's.  Why: MXFP4's 32-wide e8m0
+    groups have no CUTLASS mainloop, and the Triton grouped loop runs MXFP4 experts at 0.19-0.54x Humming from 256
+    tokens (session 20).  Experts whose rows span too many binades for e4m3, or whose row scales leave bf16's exact
+    range, run the Triton grouped kernel (with a warning)."""
+    name = "cutlass_grouped_mx"
+    fmt = 6
+
+    def weight_reason(self, call: Call) -> str | None:
+        from .scaled_mm_mx import mxfp4_weight_reason
+        why = mxfp4_weight_reason(call.scheme, self.name)
+        if why:
+            return why
+        if call.scheme.act is not None:
+            return f"{call.scheme.name} quantizes its activations (this kernel takes bf16 activations)"
+        if call.dtype != torch.bfloat16:
+            return f"{call.dtype} activations (bf16 only)"
+        if call.k % 64 or call.n % 8:
+            return f"N={call.n}, K={call.k}: K a multiple of the 64-wide K tile, N of 8 (16-byte rows)"
+        return None
+
+    def group(self, call: Call) -> int:
+        return call.k  # one scale per row
+
+    def packed(self, qw):
+        from .scaled_grouped_mm import expert_e4m3_rows
+
+        def make():
+            rows = expert_e4m3_rows(qw)
+            return rows if isinstance(rows, str) else gg.pack_e4m3_rows(*rows)
+        return qw.cached_view("cutlass", ("grouped", self.fmt), make)
+
+
+register(CutlassGroupedMX())
