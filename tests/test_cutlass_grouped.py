@@ -22,7 +22,7 @@ from humming_triton.testing import assert_linear_close, poison_like
 
 ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = {"cutlass_grouped": 0, "cutlass_grouped_bf16s": 10}  # the int4 families
-ALL_FAMILIES = {**FAMILIES, "cutlass_grouped_mx": 6}
+ALL_FAMILIES = {**FAMILIES, "cutlass_grouped_mx": 6, "cutlass_grouped_mx_a8": 6}
 SCHEMES = ["w4a16", "weight=int4,scale=bf16:g64", "weight=int4,scale=fp32:g256"]
 
 
@@ -202,6 +202,20 @@ def test_mx_reasons(scheme, dtype, n, k, why):
     assert why in (_mx_family().reason(call) or "")
 
 
+@pytest.mark.parametrize("scheme,dtype,n,k,why", [
+    ("w4a8-mxfp4", torch.bfloat16, 256, 1024, None),
+    ("mxfp4", torch.bfloat16, 256, 1024, "per-token e4m3"),
+    ("w4a8-mx", torch.bfloat16, 256, 1024, "per-token e4m3"),
+    ("w8a8-fp8", torch.bfloat16, 256, 1024, "converts MXFP4"),
+    ("w4a8-mxfp4", torch.float16, 256, 1024, "bf16 only"),
+    ("w4a8-mxfp4", torch.bfloat16, 100, 1024, "N=100"),
+])
+def test_mx_a8_reasons(scheme, dtype, n, k, why):
+    call = Call("grouped_linear", ht.QuantScheme.parse(scheme), dtype, 64, n, k, experts=8, device_type="cpu")
+    got = families.get("cutlass_grouped_mx_a8").reason(call)
+    assert got is None if why is None else why in (got or "")
+
+
 # ---- the kernels on the GPU ------------------------------------------------------------------------------------
 
 COUNTS = {"decode": [1, 0, 3, 1, 0, 2, 9, 1], "uneven": [70, 0, 133, 5, 300, 1, 0, 64], "one": [0, 0, 257, 0]}
@@ -314,3 +328,34 @@ def test_mx_kernel_matches_reference(counts, rng):
             if c:
                 assert_linear_close(y[rows].cpu(), ref[rows], x[rows].float(), w_hat[e], torch.bfloat16,
                                     f"mx expert {e} {cfg.describe()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", COUNTS, ids=str)
+@pytest.mark.parametrize("bias", [False, True])
+def test_mx_a8_kernel_matches_reference(counts, bias, rng):
+    """W4A8-MXFP4 experts: each expert's rows against the reference on the same e4m3 activation codes, within the
+    fp8 activations' tolerance (an expert bias runs the Triton grouped kernel)."""
+    fam = families.get("cutlass_grouped_mx_a8")
+    if gg.available(6):
+        pytest.fail(gg.available(6))
+    counts = COUNTS[counts]
+    n, k = 200, 1024
+    w = torch.randn(len(counts), n, k, generator=rng) * 0.05
+    qw = ht.quantize_weight(w * torch.exp2(torch.linspace(0, 5, k // 32)).repeat_interleave(32), "w4a8-mxfp4",
+                            bias=torch.randn(len(counts), n, generator=rng) if bias else None).to("cuda")
+    x, offsets = _routed(counts, k, rng)
+    x_hat = ht.dequantize_activation(ht.quantize_activation(x, qw.scheme.act)).double()
+    w_hat = ht.dequantize_weight(qw.to("cpu")).double()
+    call = Call("grouped_linear", qw.scheme, torch.bfloat16, x.shape[0], n, k, experts=len(counts))
+    assert fam.reason(call) is None and fam.candidates(call)
+    for cfg in fam.candidates(call):
+        out = poison_like(torch.empty(x.shape[0], n, dtype=torch.bfloat16, device="cuda"))
+        y = fam.run(x.cuda(), offsets.cuda(), qw, qw.bias, torch.bfloat16, cfg, out)
+        assert y.data_ptr() == out.data_ptr()
+        for e, c in enumerate(counts):
+            rows = slice(int(offsets[e]), int(offsets[e + 1]))
+            if c:
+                ref = x_hat[rows] @ w_hat[e].T + (qw.bias[e].double().cpu() if bias else 0)
+                assert_linear_close(y[rows].cpu(), ref, x_hat[rows], w_hat[e], torch.float8_e4m3fn,
+                                    f"mx a8 expert {e} {cfg.describe()}")
