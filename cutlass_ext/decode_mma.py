@@ -384,11 +384,12 @@ def runner(p: Packed, dtype: torch.dtype, device: torch.device, m: int, bias: to
 
 
 def run_grouped(x2: torch.Tensor, p: Packed, offsets: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
-                kw: int = 4, tw: int = 1, unroll: int = 1, rows_per_pass: int = 8) -> torch.Tensor:
-    """``out[r] = x2[r] @ W[e]^T (+ bias[e])`` for ``offsets[e] <= r < offsets[e + 1]`` (rows sorted by expert;
-    offsets int32 / int64 on the device, never read on the host).  An expert's rows run ``rows_per_pass`` (8, 16
-    or 32) at a time -- 32 (four token tiles) with ``unroll`` 1 or 2 only; experts without rows cost one empty CTA
-    each."""
+                kw: int = 4, tw: int = 1, unroll: int = 1, rows_per_pass: int = 8,
+                row_scales: torch.Tensor | None = None) -> torch.Tensor:
+    """``out[r] = row_scales[r] * (x2[r] @ W[e]^T) (+ bias[e])`` for ``offsets[e] <= r < offsets[e + 1]`` (rows
+    sorted by expert; offsets int32 / int64 on the device, never read on the host; ``row_scales``: fp32 [rows], a
+    per-token activation scale, or None).  An expert's rows run ``rows_per_pass`` (8, 16 or 32) at a time -- 32
+    (four token tiles) with ``unroll`` 1 or 2 only; experts without rows cost one empty CTA each."""
     if not p.experts:
         raise ValueError("run_grouped takes a stacked (expert) view (repack_experts)")
     if rows_per_pass not in (8, 16, 32):
@@ -398,11 +399,11 @@ def run_grouped(x2: torch.Tensor, p: Packed, offsets: torch.Tensor, bias: torch.
     if offsets.dtype not in (torch.int32, torch.int64) or offsets.numel() != p.experts + 1 or \
             offsets.device != x2.device:
         raise ValueError(f"offsets must be {p.experts + 1} int32 / int64 row offsets on {x2.device}")
-    _check(x2, out, kw, tw)
+    _check(x2, out, kw, tw, row_scales)
     if x2.shape[0] == 0:
         return out
     bias = None if bias is None else bias.contiguous()  # [E, N], expert-major
-    return _launch(x2, p, bias, out, kw, tw, unroll, rows_per_pass, 1.0, offsets.contiguous())
+    return _launch(x2, p, bias, out, kw, tw, unroll, rows_per_pass, 1.0, offsets.contiguous(), row_scales=row_scales)
 
 
 def emulate(x2: torch.Tensor, p: Packed) -> torch.Tensor:

@@ -230,3 +230,125 @@ def test_through_the_op_and_graph_replay(rng):
     g.replay()
     torch.cuda.synchronize()
     check(yg, "graph")
+
+
+# ---- MoE experts (mma_decode_grouped_act) ---------------------------------------------------------------------
+
+GROUPED_SCHEMES = ["w4a8-mxfp4", "w8a8-fp8", "w4a8-int8", "weight=int4,scale=bf16:g64,act=int8/fp32:token"]
+
+
+def _experts(scheme, e, n, k, rng):
+    return ht.quantize_weight(torch.randn(e, n, k, generator=rng) * 0.05, scheme,
+                              bias=torch.randn(e, n, generator=rng))
+
+
+def _routed(counts, k, rng, dtype=torch.float32):
+    x = _x(sum(counts), k, rng, dtype)
+    offsets = torch.zeros(len(counts) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor(counts), 0)
+    return x, offsets
+
+
+def _grouped_reference(x, qw, offsets):
+    """float64 of the reference's own codes: per expert, (code values x scale) @ dequantized weight + bias."""
+    q = ht.quantize_activation(x, qw.scheme.act)
+    x_hat = ht.dequantize_activation(q).double()
+    w_hat = ht.dequantize_weight(qw).double()
+    ref = torch.zeros(x.shape[0], qw.N, dtype=torch.float64)
+    for e, (r0, r1) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+        ref[r0:r1] = x_hat[r0:r1] @ w_hat[e].T + qw.bias[e].double()
+    return ref, x_hat, w_hat
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("scheme", GROUPED_SCHEMES)
+def test_grouped_emulated_path_matches_reference(scheme, rng):
+    """The grouped kernel's arithmetic (each expert's repacked rows replayed by ``decode_mma.emulate``) on the
+    code values, each row times its token's scale, equals the reference's grouped linear."""
+    n, k = 40, 256
+    qw = _experts(scheme, 3, n, k, rng)
+    p = dm.repack_experts(qw)
+    x, offsets = _routed([0, 5, 19], k, rng)  # an expert without rows, one pass, two passes of 16
+    values, scales = quantize_activation_values(x, qw.scheme.act, code_dtype(qw.scheme))
+    ref, x_hat, w_hat = _grouped_reference(x, qw, offsets)
+    full = ht.reference_grouped_linear(x, qw, offsets, out_dtype=torch.float32).double()
+    for e, (r0, r1) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+        if r1 == r0:
+            continue
+        got = dm.emulate(values[r0:r1], p.expert(e)) * scales[r0:r1].double() + qw.bias[e].double()
+        assert_linear_close(got, ref[r0:r1], x_hat[r0:r1], w_hat[e], torch.float32, f"{scheme} e{e}")
+        assert_linear_close(got, full[r0:r1], x_hat[r0:r1], w_hat[e], torch.float32, f"{scheme} e{e} end to end")
+
+
+def test_grouped_family_reasons():
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    fam = families.get("mma_decode_grouped_act")
+    assert fam.backend == "cuda" and fam.op == "grouped_linear"
+
+    def call(scheme, m=8, experts=8, dtype=torch.bfloat16, n=1536, k=2048):
+        return Call("grouped_linear", ht.QuantScheme.parse(scheme), dtype, m, n, k, experts)
+
+    for scheme, kind in [("w4a8-mxfp4", "bf16"), ("w8a8-fp8", "fp8"), ("w4a8-int8", "fp16")]:
+        assert fam.reason(call(scheme)) is None, scheme
+        assert fam.mma(call(scheme)) == kind, scheme
+    assert "per-token ones" in fam.reason(call("w8a8-fp8-block"))
+    assert "16-bit activations" in fam.reason(call("w4a16"))
+    assert "decode batches" in fam.reason(call("w4a8-mxfp4", m=4096))
+    assert "MoE experts" in fam.reason(Call("quant_linear", ht.QuantScheme.parse("w4a8-mxfp4"), torch.bfloat16,
+                                            8, 1536, 2048))
+    assert all(c.family == "mma_decode_grouped_act" for c in fam.candidates(call("w4a8-mxfp4")))
+    from humming_triton import dispatch
+    assert dispatch._measured_choice(call("w4a8-mxfp4"), {}, None) is None  # untimed: auto needs a table entry
+
+
+def test_grouped_row_scales_are_checked(rng):
+    p = dm.repack_experts(_experts("w4a8-int8", 2, 32, 128, rng))
+    x, offsets = _routed([3, 4], 128, rng, torch.float16)
+    out = torch.empty(7, 32, dtype=torch.float16)
+    with pytest.raises(ValueError, match="row_scales must be 7"):
+        dm.run_grouped(x, p, offsets, None, out, row_scales=torch.ones(6))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", GROUPED_SCHEMES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_grouped_kernel_matches_reference(scheme, dtype, rng):
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    _gpu_family()
+    fam = families.get("mma_decode_grouped_act")
+    n, k = 200, 768
+    qc = _experts(scheme, 6, n, k, rng)
+    qw = qc.to("cuda")
+    for counts in ([0, 1, 0, 0, 2, 1], [3, 0, 17, 1, 40, 5]):
+        x, offsets = _routed(counts, k, rng, dtype)
+        ref, x_hat, w_hat = _grouped_reference(x, qc, offsets)
+        call = Call("grouped_linear", qw.scheme, dtype, x.shape[0], n, k, 6)
+        assert fam.reason(call) is None
+        for off in (offsets.cuda(), offsets.to(torch.int32).cuda()):
+            for cfg in fam.candidates(call):
+                out = poison_like(torch.empty(x.shape[0], n, dtype=dtype, device="cuda"))
+                y = fam.run(x.cuda(), off, qw, None, dtype, cfg, out)
+                assert y.data_ptr() == out.data_ptr()
+                for e, (r0, r1) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+                    if r1 > r0:
+                        assert_linear_close(y[r0:r1].cpu(), ref[r0:r1], x_hat[r0:r1], w_hat[e], torch.float32,
+                                            f"{scheme} {counts} e{e} {cfg.describe()} {off.dtype}")
+    y = ht.grouped_linear(x.cuda(), qw, offsets.cuda(), backend="cuda")
+    assert y.shape == (x.shape[0], n)
+
+
+@pytest.mark.gpu
+def test_grouped_non_finite_rows_stay_in_their_row(rng):
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    _gpu_family()
+    fam = families.get("mma_decode_grouped_act")
+    qw = _experts("w4a8-mxfp4", 2, 64, 512, rng).to("cuda")
+    x, offsets = _routed([2, 3], 512, rng, torch.bfloat16)
+    x[1, 3], x[3, 9] = float("nan"), float("inf")
+    call = Call("grouped_linear", qw.scheme, torch.bfloat16, 5, 64, 512, 2)
+    y = fam.run(x.cuda(), offsets.cuda(), qw, None, torch.bfloat16, fam.candidates(call)[0], None).cpu()
+    assert y[1].isnan().all() and y[3].isnan().all()
+    assert torch.isfinite(y[[0, 2, 4]]).all()
