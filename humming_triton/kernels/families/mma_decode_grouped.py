@@ -21,22 +21,30 @@ def packed_experts(qw):
     return qw.cached_view("cuda", "decode_mma_experts", lambda: dm.repack_experts(qw))
 
 
+def expert_call_reason(call: Call) -> str | None:
+    """What keeps a call off the grouped decode kernel whatever its activations: not MoE experts, act-order
+    experts, or more routed rows than a decode batch."""
+    if call.op != "grouped_linear" or not call.experts:
+        return "the native grouped decode kernel runs MoE experts (grouped_linear)"
+    if call.act_order:
+        return "act-order (k_perm) experts"
+    if call.m > MAX_ROWS_PER_EXPERT * call.experts:
+        return f"{call.m} routed rows over {call.experts} experts (decode batches only)"
+    return None
+
+
 class MMADecodeGrouped(Family):
     name = "mma_decode_grouped"
     op = "grouped_linear"
     backend = "cuda"
 
     def reason(self, call: Call) -> str | None:
-        from cutlass_ext.decode_mma import weight_reason
-        if call.op != "grouped_linear" or not call.experts:
-            return "the native grouped decode kernel runs MoE experts (grouped_linear)"
-        if call.act_order:
-            return "act-order (k_perm) experts"
-        if call.m > MAX_ROWS_PER_EXPERT * call.experts:
-            return f"{call.m} routed rows over {call.experts} experts (decode batches only)"
+        why = expert_call_reason(call)
+        if why:
+            return why
         if call.dtype not in (torch.float16, torch.bfloat16):
             return f"{call.dtype} activations (fp16 / bf16 only)"
-        return weight_reason(call.scheme, call.n, call.k, call.dtype)
+        return dm.weight_reason(call.scheme, call.n, call.k, call.dtype)
 
     def mma(self, call: Call) -> str:
         if str(call.scheme.weight) == "e4m3fn":
@@ -50,19 +58,24 @@ class MMADecodeGrouped(Family):
         passes = (8,) if call.m <= call.experts else (8, 16) if call.m <= 8 * call.experts else (8, 16, 32)
         return [KernelConfig(self.name, bm, 16 * tw, 64, kw, 8, kw * tw, u) for bm in passes for kw, tw, u in _GRID]
 
+    def operands(self, x, qw) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The kernel's activation rows (16-byte aligned, unit column stride) and per-row scales (none here)."""
+        if x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+            x = x.contiguous() if not x.is_contiguous() else x.clone()
+        return x, None
+
     def run(self, x, offsets, qw, bias, out_dtype, cfg: KernelConfig, out):
         t, n = x.shape[0], qw.N
         out_dtype = out.dtype if out is not None else (out_dtype or x.dtype)
         y = out if out is not None else torch.empty(t, n, dtype=out_dtype, device=x.device)
         if t == 0:
             return y
-        if x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
-            x = x.contiguous() if not x.is_contiguous() else x.clone()
+        x, row_scales = self.operands(x, qw)
         bias = qw.bias if bias is None else bias
         target = y if y.dtype in (torch.float16, torch.bfloat16, torch.float32) and y.stride(-1) == 1 else \
             torch.empty(t, n, dtype=torch.float32, device=x.device)
         dm.run_grouped(x, packed_experts(qw), offsets, bias, target, kw=cfg.split_k, tw=cfg.block_n // 16,
-                    unroll=cfg.num_stages, rows_per_pass=cfg.block_m)
+                       unroll=cfg.num_stages, rows_per_pass=cfg.block_m, row_scales=row_scales)
         if target is not y:
             y.copy_(target)
         return y
