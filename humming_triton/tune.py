@@ -198,12 +198,15 @@ def main(argv=None) -> int:
                     "(e.g. '\\|(w4a16|w8a16)\\|.*\\|m(1|2|4|8|16)$')")
     ap.add_argument("--jobs", type=int, default=0, help="compile in this many processes first (0: no warm-up)")
     ap.add_argument("--resume", action="store_true", help="keep entries already measured at this commit")
+    ap.add_argument("--missing", action="store_true", help="only the cases whose key the table does not have yet "
+                    "(a key without an entry runs a nearest-key pick timed on another shape)")
+    ap.add_argument("--list", action="store_true", help="print the selected keys and stop (no GPU needed with --slug)")
+    ap.add_argument("--slug", default=None, help="the device's table name (default: this GPU's), e.g. h200")
     ap.add_argument("--out", default=None, help="JSON file (default autotune_configs/<device>.json)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("humming_triton.tune needs a CUDA GPU", file=sys.stderr)
+    if not torch.cuda.is_available() and not (args.list and (args.slug or args.out)):
+        print("humming_triton.tune needs a CUDA GPU (or --list with --slug / --out)", file=sys.stderr)
         return 2
-    from tqdm import tqdm
 
     from . import dispatch
     cases = suite_cases(args.suite.split(",")) if args.suite else []
@@ -214,15 +217,21 @@ def main(argv=None) -> int:
     if args.match:
         import re
         cases = [c for c in cases if re.search(args.match, _key(c))]
-    slug = _facts().slug
-    out = Path(args.out) if args.out else dispatch.table_path(slug)
+    out = Path(args.out) if args.out else dispatch.table_path(args.slug or _facts().slug)
     data = json.loads(out.read_text()) if out.exists() else {}
     data.pop("dense", None)  # the pre-registry table (family configs without candidates): superseded
-    data["device"] = torch.cuda.get_device_name()
     table = data.setdefault("dispatch", {})
     commit = _git_commit()
     if args.resume:
         cases = [c for c in cases if table.get(_key(c), {}).get("commit") != commit]
+    if args.missing:
+        cases = [c for c in cases if _key(c) not in table]
+    if args.list:
+        print("\n".join(_key(c) for c in cases))
+        print(f"{len(cases)} keys ({out})", file=sys.stderr)
+        return 0
+    from tqdm import tqdm
+    data["device"] = torch.cuda.get_device_name()
     if args.jobs > 1 and cases:
         t0 = time.perf_counter()
         import multiprocessing as mp

@@ -11,7 +11,8 @@
 #           quantized-activation + op backward + tiny-model GPU tests
 #   tune    the measured dispatch table: every candidate (backend x family x config) of every case of the
 #           suites $TUNE_SUITES (default headline,decode; filter $TUNE_ONLY), compiled in $TUNE_JOBS processes first
-#           (writes autotune_configs/<device>.json, copied to $OUT)
+#           (writes autotune_configs/<device>.json, copied to $OUT); TUNE_MISSING=1: only the keys the table lacks
+#           (list them on the CPU first: python3 -m humming_triton.tune --suite ... --missing --list --slug h200)
 #   tuneclean a second tune pass over $TUNE_MATCH_CLEAN, run only when no GPU test failed earlier in the call
 #   native  the native CUDA library (cutlass_ext): loads or is built here, its GPU tests, an ncu profile and a
 #           sweep of its configs at the decode shapes, weight-only and on activation codes (mma_decode_act)
@@ -85,7 +86,7 @@ for step in $STEPS; do
     tune)
       stamp tune
       timeout -k 5 ${TUNE_S:-300} python3 -m humming_triton.tune --suite ${TUNE_SUITES:-headline,decode} \
-        ${TUNE_ONLY:+--only "$TUNE_ONLY"} ${TUNE_MATCH:+--match "$TUNE_MATCH"} --jobs ${TUNE_JOBS:-12} > "$OUT/tune.txt" 2>&1
+        ${TUNE_ONLY:+--only "$TUNE_ONLY"} ${TUNE_MATCH:+--match "$TUNE_MATCH"} ${TUNE_MISSING:+--missing} --jobs ${TUNE_JOBS:-12} > "$OUT/tune.txt" 2>&1
       cp autotune_configs/*.json "$OUT/" ;;
     tuneclean)  # a second tune pass over $TUNE_MATCH_CLEAN, only when no GPU test failed before it in this call (a new
                 # kernel's keys are tuned only after its own tests passed: a crashed kernel would end the call)

@@ -277,3 +277,19 @@ def test_report_reads_the_dispatchers_table():
         table, source = _dispatch_table()
     assert source == os.path.relpath(str(dispatch.table_path("h200")), REPO)
     assert table and all(entry["candidates"] for entry in table.values())
+
+
+def test_tune_lists_the_keys_a_table_lacks(tmp_path, capsys):
+    """``tune --missing --list`` names the suite keys without a measured entry, on a CPU (no GPU needed)."""
+    from humming_triton import tune
+    keys = [tune._key(c) for c in tune.suite_cases(["moe"])]
+    assert len(keys) == len(set(keys)) and all(k.startswith("grouped_linear|") for k in keys)
+    table = tmp_path / "dev.json"
+    table.write_text(json.dumps({"dispatch": {k: {"candidates": []} for k in keys[1:]}}))
+    assert tune.main(["--suite", "moe", "--missing", "--list", "--out", str(table)]) == 0
+    assert capsys.readouterr().out.split() == [keys[0]]
+    assert tune.main(["--suite", "moe", "--match", "w4a16", "--list", "--out", str(table)]) == 0
+    listed = capsys.readouterr().out.split()
+    assert listed and all("|w4a16|" in k for k in listed)
+    if not torch.cuda.is_available():  # tuning itself still needs the GPU
+        assert tune.main(["--suite", "moe", "--missing", "--out", str(table)]) == 2
