@@ -5,6 +5,8 @@ reference on odd shapes for every format the kernel takes; unsupported formats g
 GPU (``-m gpu``): the kernel itself against the reference, every candidate config, fp16 / bf16, M = 1..16,
 bias, fp32 out, poisoned outputs.
 """
+import dataclasses
+
 import pytest
 import torch
 
@@ -320,11 +322,10 @@ def test_grouped_family_reasons():
     assert "act-order" in fam.reason(Call("grouped_linear", s, torch.bfloat16, 8, 1536, 2048, 128, True))
     assert [c.block_m for c in fam.candidates(Call("grouped_linear", s, torch.bfloat16, 8, 1536, 2048, 128))] \
         == [8] * len(fam.candidates(Call("grouped_linear", s, torch.bfloat16, 8, 1536, 2048, 128)))
-    # rows per pass: 16 above one row per expert on average, 32 above 8 (with one or two chunks in flight)
+    # rows per pass: 16 above one row per expert on average; 32 (measured slower than two 16-row passes) not offered
     mid = fam.candidates(Call("grouped_linear", s, torch.bfloat16, 1024, 1536, 2048, 128))
-    wide = fam.candidates(Call("grouped_linear", s, torch.bfloat16, 2048, 1536, 2048, 128))
-    assert {c.block_m for c in mid} == {8, 16} and {c.block_m for c in wide} == {8, 16, 32}
-    assert all(c.num_stages <= 2 for c in wide if c.block_m == 32)
+    wide = fam.candidates(Call("grouped_linear", s, torch.bfloat16, 4096, 1536, 2048, 128))
+    assert {c.block_m for c in mid} == {8, 16} and {c.block_m for c in wide} == {8, 16}
 
 
 @pytest.mark.gpu
@@ -346,8 +347,11 @@ def test_grouped_kernel_matches_reference(fmt, dtype, rng):
         xc = x.cuda()
         call = Call("grouped_linear", qw.scheme, dtype, x.shape[0], 200, 768, 6)
         assert fam.reason(call) is None
+        # the 32-row pass (four token tiles) is no tuner candidate any more (measured slower) but run_grouped
+        # still takes it: keep it checked
+        four_tiles = [dataclasses.replace(c, block_m=32) for c in fam.candidates(call) if c.num_stages <= 2][:2]
         for off in (offsets.cuda(), offsets.to(torch.int32).cuda()):
-            for cfg in fam.candidates(call):
+            for cfg in fam.candidates(call) + four_tiles:
                 out = poison_like(torch.empty(x.shape[0], 200, dtype=dtype, device="cuda"))
                 y = fam.run(xc, off, qw, None, dtype, cfg, out)
                 for e, (r0, r1) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):

@@ -52,10 +52,11 @@ class MMADecodeGrouped(Family):
         return "fp16" if call.dtype == torch.float16 else "bf16"
 
     def candidates(self, call: Call) -> list[KernelConfig]:
-        # rows per pass: one, two or four token tiles.  Above 8 rows per expert on average many experts get more
-        # than 16, and each pass decodes the expert's weight tile again (decode is ALU-bound): 32-row passes
-        # decode it once (session 20; untimed until the table has them)
-        passes = (8,) if call.m <= call.experts else (8, 16) if call.m <= 8 * call.experts else (8, 16, 32)
+        # rows per pass: one or two token tiles.  The kernel also runs four (32 rows, ``decode_mma.run_grouped``),
+        # built to decode each weight tile once for experts of 17-32 rows, but measured slower than two 16-row
+        # passes on every key it was timed on (H200, 0177666: Qwen3 gate_up 256 tokens 220.9 against 159.1 µs;
+        # four tiles cost the kernel occupancy), so the tuner no longer offers it
+        passes = (8,) if call.m <= call.experts else (8, 16)
         return [KernelConfig(self.name, bm, 16 * tw, 64, kw, 8, kw * tw, u) for bm in passes for kw, tw, u in _GRID]
 
     def operands(self, x, qw) -> tuple[torch.Tensor, torch.Tensor | None]:
