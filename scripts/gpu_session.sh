@@ -27,7 +27,8 @@
 #           the tail shapes                                                           -> cutlass*.txt, cutlass_sweep.json
 #   syncfree every registered path (backend x family) and the MoE ops under set_sync_debug_mode("error") -> gpu_tests.txt
 #   sanitize compute-sanitizer ($SANITIZE_TOOLS, default memcheck) over the native kernel's tail shapes     -> sanitize.txt
-#   families compute-sanitizer memcheck over every registered path (scripts/sanitize_probe.py), racecheck over the
+#   families compute-sanitizer memcheck over every registered path (scripts/sanitize_probe.py; FAMILIES_SHARDS=N
+#           splits it over N parallel processes), racecheck over the
 #           split-K and grouped ones                                   -> sanitize_families.txt, racecheck_families.txt
 #   tp      2+ GPUs: scripts/tp_check.py (TP MLP pair + EP grouped GEMM vs one GPU, timed)      -> tp.json
 #   blockwise which block-scaled fp8 recipes F.scaled_mm takes here, and their speed  -> blockwise_probe.txt/json
@@ -151,9 +152,16 @@ for step in $STEPS; do
     families)  # compute-sanitizer over one launch of every registered path (backend x family) on odd shapes,
                # memcheck over all of them, racecheck over the split-K and grouped ones (issue 15)
       stamp families
-      timeout -k 5 ${FAMILIES_MEMCHECK_S:-150} compute-sanitizer --tool memcheck \
-        python3 scripts/sanitize_probe.py > "$OUT/sanitize_families.txt" 2>&1
-      echo "(memcheck exit $?)" >> "$OUT/sanitize_families.txt"
+      # FAMILIES_SHARDS=N: N memcheck processes in parallel, each over every N-th path (one run of all of them
+      # outlasted 150 s at 0177666)
+      n=${FAMILIES_SHARDS:-1}
+      for i in $(seq 0 $((n - 1))); do
+        ( timeout -k 5 ${FAMILIES_MEMCHECK_S:-150} compute-sanitizer --tool memcheck \
+            python3 scripts/sanitize_probe.py --shard $i/$n > "$OUT/memcheck_shard_$i.txt" 2>&1
+          echo "(memcheck shard $i/$n exit $?)" >> "$OUT/memcheck_shard_$i.txt" ) &
+      done
+      wait
+      cat "$OUT"/memcheck_shard_*.txt > "$OUT/sanitize_families.txt"; rm -f "$OUT"/memcheck_shard_*.txt
       timeout -k 5 ${FAMILIES_RACECHECK_S:-150} compute-sanitizer --tool racecheck \
         python3 scripts/sanitize_probe.py --split-k-and-grouped > "$OUT/racecheck_families.txt" 2>&1
       echo "(racecheck exit $?)" >> "$OUT/racecheck_families.txt" ;;

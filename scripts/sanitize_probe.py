@@ -6,6 +6,7 @@ tile.  Usage on the GPU:
 
     compute-sanitizer --tool memcheck  python3 scripts/sanitize_probe.py
     compute-sanitizer --tool racecheck python3 scripts/sanitize_probe.py --split-k-and-grouped
+    compute-sanitizer --tool memcheck  python3 scripts/sanitize_probe.py --shard 2/4   # a quarter of the paths
 
 Prints one line per path and exits 1 if any result is off (the sanitizer reports its own errors)."""
 from __future__ import annotations
@@ -29,6 +30,7 @@ SCHEMES = ["w4a16", "w4a16-asym", "w8a16", "mxfp4", "nvfp4", "w8a16-fp8", "w8a8-
 # N, K, M; the last: the cuBLASLt block-scaled / int8 families' domain (N % 128, K % 512; M = 7 pads to 8, M = 33 > 16)
 DENSE = [(200, 384, 1), (200, 384, 7), (136, 1024, 33), (256, 1024, 7), (256, 1024, 33)]
 FAMILIES: list[str] = []  # --families: only these (dense), empty for all
+SHARD = [0, 1]  # --shard I/N: only the paths whose running index is I mod N (N sanitizer processes in parallel)
 GROUPED_COUNTS = [0, 5, 1, 0, 19, 2]                       # rows per expert (two empty experts)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"     # cpu: a smoke run of the logic (TRITON_INTERPRET=1)
 
@@ -46,6 +48,12 @@ def _paths(b, call, split_k_only: bool):
     return out
 
 
+def _mine(counter: list) -> bool:
+    """Whether the next path is this shard's (every shard enumerates the same paths in the same order)."""
+    counter[0] += 1
+    return (counter[0] - 1) % SHARD[1] == SHARD[0]
+
+
 def _check(y, ref, what: str, bad: list) -> None:
     err = float((y.double().cpu() - ref).norm() / ref.norm().clamp(min=1e-30))
     ok = err < 3e-2  # bf16 outputs of 4-bit formats: well under this; a wrong tile or race is far over it
@@ -54,7 +62,7 @@ def _check(y, ref, what: str, bad: list) -> None:
         bad.append(what)
 
 
-def dense(rng, split_k_only: bool, bad: list) -> int:
+def dense(rng, split_k_only: bool, bad: list, counter: list) -> int:
     runs = 0
     for scheme in SCHEMES:
         for n, k, m in DENSE:
@@ -67,7 +75,7 @@ def dense(rng, split_k_only: bool, bad: list) -> int:
                 if name == "reference" or b.reason(call) is not None:
                     continue
                 for cand in _paths(b, call, split_k_only):
-                    if FAMILIES and cand.family not in FAMILIES:
+                    if (FAMILIES and cand.family not in FAMILIES) or not _mine(counter):
                         continue
                     y = b.quant_linear(x, qw, qw.bias, x.dtype, cand)
                     _check(y, ref, f"{scheme} {n}x{k} M={m} {cand.describe()}", bad)
@@ -75,7 +83,7 @@ def dense(rng, split_k_only: bool, bad: list) -> int:
     return runs
 
 
-def grouped(rng, split_k_only: bool, bad: list) -> int:
+def grouped(rng, split_k_only: bool, bad: list, counter: list) -> int:
     runs = 0
     e, n, k = len(GROUPED_COUNTS), 136, 384
     offsets = torch.zeros(e + 1, dtype=torch.int64)
@@ -91,6 +99,8 @@ def grouped(rng, split_k_only: bool, bad: list) -> int:
             if name == "reference" or b.reason(call) is not None:
                 continue
             for cand in _paths(b, call, False):
+                if not _mine(counter):
+                    continue
                 y = b.grouped_linear(x, qw, off, None, x.dtype, cand)
                 _check(y, ref, f"grouped {scheme} E{e} {n}x{k} T={t} {cand.describe()}", bad)
                 runs += 1
@@ -103,14 +113,21 @@ def main() -> int:
                     help="only the split-K dense paths and the grouped ones (the racecheck run)")
     ap.add_argument("--only", default=None, help="comma list of dense schemes (one shape): a quick look")
     ap.add_argument("--families", default=None, help="comma list of dense families only (no grouped paths)")
+    ap.add_argument("--shard", default="0/1", help="I/N: the paths of index I mod N only (default all)")
     a = ap.parse_args()
+    i, n = (int(v) for v in a.shard.split("/"))
+    if not 0 <= i < n:
+        ap.error(f"--shard {a.shard}: want I/N with 0 <= I < N")
+    SHARD[:] = [i, n]
     FAMILIES[:] = a.families.split(",") if a.families else []
     rng = torch.Generator().manual_seed(0)
     if a.only:
         SCHEMES[:] = [s for s in SCHEMES if s in a.only.split(",")]
         DENSE[:] = DENSE[:1]
     bad: list = []
-    runs = dense(rng, a.split_k_and_grouped, bad) + (0 if FAMILIES else grouped(rng, a.split_k_and_grouped, bad))
+    counter = [0]
+    runs = dense(rng, a.split_k_and_grouped, bad, counter)
+    runs += 0 if FAMILIES else grouped(rng, a.split_k_and_grouped, bad, counter)
     if DEV == "cuda":
         torch.cuda.synchronize()
     print(f"{runs} paths ran, {len(bad)} off the reference")
