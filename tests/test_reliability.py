@@ -388,3 +388,24 @@ def test_quantize_weight_peak_memory_per_element():
     if "error" in got:
         pytest.skip(got["error"])
     assert all(v <= 8.0 for v in got.values()), got
+
+
+def test_sanitize_probe_shards_cover_every_path_once():
+    """``scripts/sanitize_probe.py --shard I/N`` (parallel compute-sanitizer runs): the shards' paths are disjoint
+    and together every path of the unsharded run (interpreter, a few dense families)."""
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "scripts" / "sanitize_probe.py"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+
+    def paths(*extra):
+        r = subprocess.run([sys.executable, str(script), "--only", "w4a16", "--families", "tiled,gemv", *extra],
+                           capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return [line for line in r.stdout.splitlines() if line.startswith("ok")]
+
+    every = paths()
+    shards = [paths("--shard", f"{i}/3") for i in range(3)]
+    assert len(every) >= 3 and all(shards)
+    assert sorted(p for s in shards for p in s) == sorted(every)
+    bad = subprocess.run([sys.executable, str(script), "--shard", "3/3"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "0 <= I < N" in bad.stderr
