@@ -224,3 +224,22 @@ def test_torch_composed_families_on_gpu(scheme, rng):
     assert dispatch.last_plan("grouped_linear").startswith("torch/dequant_grouped_mm")
     ref = ht.reference_grouped_linear(x.cpu(), qw.to("cpu"), offsets, out_dtype=torch.float32)
     assert float((y.float().cpu() - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_nearest_key_regret_tool():
+    """scripts/nearest_key_regret.py: hiding a key, the rule's neighbour runs its first candidate also timed
+    there; the regret is that time over the hidden key's best."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / "nearest_key_regret.py"
+    spec = importlib.util.spec_from_file_location("nearest_key_regret", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    a = {"backend": "triton", "family": "tiled", "config": KernelConfig("tiled", 16, 32, 64).to_json()}
+    b = {"backend": "triton", "family": "tiled", "config": KernelConfig("tiled", 16, 64, 64).to_json()}
+    table = {"quant_linear|w4a16|4096x4096|m16": {"candidates": [{**a, "us": 10.0}, {**b, "us": 15.0}]},
+             "quant_linear|w4a16|8192x8192|m16": {"candidates": [{**b, "us": 20.0}, {**a, "us": 30.0}]},
+             "quant_linear|w4a16|8192x8192|m1": {"candidates": [{**a, "us": 5.0}]}}  # no neighbour in its bucket
+    got = {key: (round(r, 3), near) for r, key, near in tool.regrets(table)}
+    assert got == {"quant_linear|w4a16|4096x4096|m16": (1.5, "quant_linear|w4a16|8192x8192|m16"),
+                   "quant_linear|w4a16|8192x8192|m16": (1.5, "quant_linear|w4a16|4096x4096|m16")}
