@@ -37,7 +37,7 @@ INEXACT_FORMATS = {10: 0}
 VARIANTS = {0: (16, 128, False, 128), 1: (32, 128, False, 128), 2: (64, 128, False, 128), 3: (128, 64, False, 128),
             4: (256, 64, False, 128), 5: (16, 128, True, 128), 6: (128, 64, True, 128),
             7: (16, 128, False, 64), 8: (32, 128, False, 64), 9: (64, 128, False, 64),
-            10: (256, 64, True, 128), 11: (256, 64, False, 64)}
+            10: (256, 64, True, 128), 11: (256, 64, False, 64), 12: (64, 128, True, 128), 13: (32, 128, True, 128)}
 
 
 def format_of(scheme, dtype: torch.dtype) -> tuple[int | None, str | None]:

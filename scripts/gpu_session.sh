@@ -133,7 +133,7 @@ for step in $STEPS; do
       # the kernel set of the CPU-built library (every variant of the bf16 formats, the tuned five of the fp16 ones)
       # CUTLASS_BUILD_S=0: use the carried library as it is (no relink)
       limited ${CUTLASS_BUILD_S:-420} python3 -m cutlass_ext.build --arch 80,90,90a \
-        --sm90-kernels "${CUTLASS_KERNELS:-0,2,4,6,8,10:0-11/1,3,5,7,9:0,1,3,4,6}" --jobs 16 > "$OUT/cutlass.txt" 2>&1
+        --sm90-kernels "${CUTLASS_KERNELS:-0,2,4,6,8,10:0-13/1,3,5,7,9:0,1,3,4,6}" --jobs 16 > "$OUT/cutlass.txt" 2>&1
       python3 -c "from cutlass_ext import mixed_gemm as m; print(m.available() or {f: m.built_variants(f) for f in m.FORMATS})" \
         >> "$OUT/cutlass.txt" 2>&1
       gpu_tests ${CUTLASS_S:-200} cutlass tests/test_cutlass_sm90.py

@@ -128,7 +128,9 @@ struct MixedGemm {
 // (cooperative; persistent or stream-K tiles), or taking 64-row tiles in turn (pingpong: twice the tiles of a
 // 128-row grid, for the small M where 8192 rows make only 64 cooperative tiles).  Variants 10 / 11: all 256 tokens
 // of M = 256 in one tile, so each weight element is converted once, not once per 128-token tile (the conversion
-// bounds int4 at mid M), with the SMs filled by stream-K or by 64-row tiles.
+// bounds int4 at mid M), with the SMs filled by stream-K or by 64-row tiles.  Variants 12 / 13: 64- / 32-token tiles
+// with stream-K, for M = 32-64 on layers of few weight tiles and long K (4096x14336: 32 tiles of 128 rows for 132
+// SMs, where the persistent 64-token variant 2 ran 58.8 us and stream-K with a half-empty 128-token tile 47.0).
 struct Persistent {
   using Scheduler = cutlass::gemm::PersistentScheduler;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -171,7 +173,9 @@ struct Pingpong {
   X(8, Shape<_64 COMMA _32 COMMA _128>, Pingpong, __VA_ARGS__)     \
   X(9, Shape<_64 COMMA _64 COMMA _128>, Pingpong, __VA_ARGS__)     \
   X(10, Shape<_128 COMMA _256 COMMA _64>, StreamK, __VA_ARGS__)    \
-  X(11, Shape<_64 COMMA _256 COMMA _64>, Pingpong, __VA_ARGS__)
+  X(11, Shape<_64 COMMA _256 COMMA _64>, Pingpong, __VA_ARGS__)   \
+  X(12, Shape<_128 COMMA _64 COMMA _128>, StreamK, __VA_ARGS__)    \
+  X(13, Shape<_128 COMMA _32 COMMA _128>, StreamK, __VA_ARGS__)
 #endif
 
 }  // namespace
