@@ -26,12 +26,16 @@ FORMATS = {
     6: ("e4m3fn", torch.bfloat16, "channel"), 7: ("e4m3fn", torch.float16, "channel"),
     8: ("int4", torch.bfloat16, "channel"), 9: ("int4", torch.float16, "channel"),
     10: ("int4", torch.bfloat16, "group"),  # bf16 scales: never format_of's choice (two roundings), a family's
+    11: ("int4", torch.bfloat16, "group"),  # format 10 with the weight in SHUFFLED order
 }
+# formats whose weight is stored in the order the mainloop consumes it (``shuffle``), not row-major
+SHUFFLED = {11}
 # the group-scale type of each format: fp32 for bf16 activations (exact q * s + z', one rounding to bf16),
 # the activation's fp16 for fp16 (exact only for fp16 scheme scales without zero points)
-GROUP_SCALE_DTYPE = {0: torch.float32, 1: torch.float16, 2: torch.float32, 3: torch.float32, 10: torch.bfloat16}
+GROUP_SCALE_DTYPE = {0: torch.float32, 1: torch.float16, 2: torch.float32, 3: torch.float32, 10: torch.bfloat16,
+                     11: torch.bfloat16}
 # formats format_of never picks: the same weight runs exactly on another, these trade a rounding for speed
-INEXACT_FORMATS = {10: 0}
+INEXACT_FORMATS = {10: 0, 11: 0}
 # variant -> (token tile, K tile, stream-K, weight rows per tile): HT_SM90_VARIANTS.  128-row tiles are split by
 # two consumer warpgroups (cooperative), 64-row tiles go to one warpgroup at a time (pingpong)
 VARIANTS = {0: (16, 128, False, 128), 1: (32, 128, False, 128), 2: (64, 128, False, 128), 3: (128, 64, False, 128),
@@ -93,11 +97,42 @@ def variant_reason(variant: int, group: int) -> str | None:
     return None
 
 
+def _block_offsets(device=None) -> torch.Tensor:
+    """[16, 16] int64: where (row, k) of a 16 x 16 weight block lies in the shuffled order (``ShuffleBlock`` of
+    csrc_sm90/mixed_gemm.cu): lane ``4 (row % 8) + (k % 8) / 2`` of the warp holds its 8 values of one k-block in
+    32 contiguous bits, fragment value ``v = k % 2 + 2 (row / 8) + 4 (k / 8)`` at position ``4 (v % 2) + v / 2``."""
+    r = torch.arange(16, device=device).view(16, 1)
+    k = torch.arange(16, device=device).view(1, 16)
+    return 32 * (r % 8) + r // 8 + 4 * (k % 2) + 8 * ((k // 2) % 4) + 2 * (k // 8)
+
+
+def shuffle(codes: torch.Tensor) -> torch.Tensor:
+    """int4 codes ([N, K] uint8 nibbles 0..15, N and K multiples of 16) -> the shuffled order's bytes (uint8
+    [N, K / 2]; two values per byte, the lower offset in the low nibble): 16 x 16 blocks tiled rows first (block
+    (r, c) at value offset 256 (r + c N / 16)), each block's values placed by ``_block_offsets``."""
+    n, k = codes.shape
+    if n % 16 or k % 16:
+        raise ValueError(f"the shuffled order takes whole 16 x 16 blocks (got N={n}, K={k})")
+    blocks = codes.reshape(n // 16, 16, k // 16, 16).permute(2, 0, 1, 3).reshape(k // 16, n // 16, 256)
+    flat = torch.empty_like(blocks)
+    flat[..., _block_offsets(codes.device).reshape(-1)] = blocks
+    flat = flat.reshape(-1)
+    return (flat[0::2] | (flat[1::2] << 4)).reshape(n, k // 2)
+
+
+def unshuffle(data: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """``shuffle``'s inverse: the shuffled bytes -> [N, K] uint8 nibbles in row-major order."""
+    flat = torch.stack([data.reshape(-1) & 15, data.reshape(-1) >> 4], -1).reshape(k // 16, n // 16, 256)
+    blocks = flat[..., _block_offsets(data.device).reshape(-1)]
+    return blocks.reshape(k // 16, n // 16, 16, 16).permute(1, 2, 0, 3).reshape(n, k)
+
+
 @dataclass
 class Packed:
     """One weight as the kernels take it (made once per weight and activation dtype, cached on the weight)."""
     fmt: int
-    w: torch.Tensor              # uint8 [N, K * bits / 8]: the canonical codes' bytes (K-major, low nibble first)
+    w: torch.Tensor              # uint8 [N, K * bits / 8]: the canonical codes' bytes (K-major, low nibble first),
+    #                              or for SHUFFLED formats the same bytes in the shuffled order
     scales: torch.Tensor         # group: [K / g, N] (N contiguous) in GROUP_SCALE_DTYPE; channel: fp32 [N]
     zeros: torch.Tensor | None   # group_zero: -z * s, like scales
     n: int
@@ -124,6 +159,10 @@ def repack(qw, dtype: torch.dtype, fmt: int | None = None) -> Packed:
     w = qw.data.contiguous().view(torch.uint8)
     if w.shape != (n, k * bits // 8):
         raise ValueError(f"packed codes of shape {list(qw.data.shape)} are not {n} rows of {k * bits // 8} bytes")
+    if fmt in SHUFFLED:
+        if n % 16:
+            raise ValueError(f"format {fmt} stores whole 16-row blocks: N={n} is not a multiple of 16")
+        w = shuffle(torch.stack([w & 15, w >> 4], -1).reshape(n, k))
     s = decode_scales(qw.scales, qw.scheme).to(torch.float32)  # [N, groups]
     if FORMATS[fmt][2] == "channel":
         return Packed(fmt, w, s.reshape(n).contiguous(), None, n, k, 0)
@@ -247,7 +286,10 @@ def emulate(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None = None) -> to
     from humming_triton.formats.dtypes import parse_element_type
     wname, dtype, scaling = FORMATS[p.fmt]
     raw = p.w.to(torch.int32)
-    if wname in ("int4", "uint4"):
+    if p.fmt in SHUFFLED:
+        codes = unshuffle(p.w, p.n, p.k).to(torch.int32)
+        q = torch.where(codes >= 8, codes - 16, codes).to(torch.float64)
+    elif wname in ("int4", "uint4"):
         codes = torch.stack([raw & 15, raw >> 4], -1).reshape(p.n, p.k)
         q = torch.where(codes >= 8, codes - 16, codes) if wname == "int4" else codes
         q = q.to(torch.float64)

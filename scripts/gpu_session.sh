@@ -25,6 +25,8 @@
 #   cutlass the sm_90a CUTLASS mixed-input GEMMs: load the carried build (else build here, 16 jobs), their GPU tests,
 #           a sweep of every variant at the headline shapes (M = 16..4096) beside the table's auto, memcheck over
 #           the tail shapes                                                           -> cutlass*.txt, cutlass_sweep.json
+#   cutlassodd compute-sanitizer memcheck of $CUTLASS_MEMCHECK_FAMILIES (default cutlass_mixed_shuffled) on tails
+#                                                                                   -> cutlass_sanitize.txt
 #   syncfree every registered path (backend x family) and the MoE ops under set_sync_debug_mode("error") -> gpu_tests.txt
 #   sanitize compute-sanitizer ($SANITIZE_TOOLS, default memcheck) over the native kernel's tail shapes     -> sanitize.txt
 #   families compute-sanitizer memcheck over every registered path (scripts/sanitize_probe.py; FAMILIES_SHARDS=N
@@ -139,9 +141,18 @@ for step in $STEPS; do
       gpu_tests ${CUTLASS_S:-200} cutlass tests/test_cutlass_sm90.py
       limited ${CUTLASS_SWEEP_S:-200} python3 scripts/native_probe.py --family cutlass_mixed --sweep \
         ${CUTLASS_M:+--m $CUTLASS_M} --out "$OUT/cutlass_sweep.json" > "$OUT/cutlass_sweep.txt" 2>&1
-      limited ${CUTLASS_MEMCHECK_S:-100} compute-sanitizer --tool memcheck --kernel-name kns=GemmUniversal \
-        python3 scripts/native_probe.py --family cutlass_mixed --odd > "$OUT/cutlass_sanitize.txt" 2>&1
-      echo "(memcheck exit $?)" >> "$OUT/cutlass_sanitize.txt" ;;
+      for fam in ${CUTLASS_MEMCHECK_FAMILIES:-cutlass_mixed cutlass_mixed_shuffled}; do
+        limited ${CUTLASS_MEMCHECK_S:-100} compute-sanitizer --tool memcheck --kernel-name kns=GemmUniversal \
+          python3 scripts/native_probe.py --family $fam --odd >> "$OUT/cutlass_sanitize.txt" 2>&1
+        echo "($fam memcheck exit $?)" >> "$OUT/cutlass_sanitize.txt"
+      done ;;
+    cutlassodd)  # memcheck of the CUTLASS families' tails only ($CUTLASS_MEMCHECK_FAMILIES)
+      stamp cutlassodd
+      for fam in ${CUTLASS_MEMCHECK_FAMILIES:-cutlass_mixed_shuffled}; do
+        limited ${CUTLASS_MEMCHECK_S:-100} compute-sanitizer --tool memcheck --kernel-name kns=GemmUniversal \
+          python3 scripts/native_probe.py --family $fam --odd >> "$OUT/cutlass_sanitize.txt" 2>&1
+        echo "($fam memcheck exit $?)" >> "$OUT/cutlass_sanitize.txt"
+      done ;;
     syncfree) gpu_tests ${SYNCFREE_S:-150} syncfree tests/test_sync_free.py tests/test_batch_invariant.py ;;
     sanitize)  # compute-sanitizer (Firecracker runtime) over the native kernel's tail shapes, every config
       stamp sanitize

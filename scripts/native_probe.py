@@ -30,7 +30,10 @@ ACT_SHAPES = [("w8a8-fp8", 8192, 8192), ("w8a8-int8", 8192, 8192), ("w4a8-fp8", 
 CUTLASS_SHAPES = [("w4a16", 8192, 8192), ("w4a16", 4096, 14336), ("w8a16", 8192, 8192), ("w4a16-asym", 8192, 8192),
                   ("w8a16-fp8", 8192, 8192), ("w4a16", 8192, 8192, torch.float16),
                   ("weight=int4,scale=fp16:channel", 8192, 8192)]
-FAMILY_SHAPES = {"mma_decode": SHAPES, "mma_decode_act": ACT_SHAPES, "cutlass_mixed": CUTLASS_SHAPES}
+# the int4 bf16-scale twins (formats 10 / 11): the w4a16 layer shapes of the headline and decode suites
+INT4_BF16S_SHAPES = [("w4a16", 8192, 8192), ("w4a16", 4096, 14336), ("w4a16", 14336, 4096), ("w4a16", 28672, 4096)]
+FAMILY_SHAPES = {"mma_decode": SHAPES, "mma_decode_act": ACT_SHAPES, "cutlass_mixed": CUTLASS_SHAPES,
+                 "cutlass_mixed_bf16s": INT4_BF16S_SHAPES, "cutlass_mixed_shuffled": INT4_BF16S_SHAPES}
 DECODE_FAMILIES = ("mma_decode", "mma_decode_act")
 
 
@@ -48,7 +51,9 @@ ODD = {"mma_decode": [("w8a16", 37, 208, 1), ("nvfp4", 24, 208, 9), ("w4a16-asym
        "cutlass_mixed": [("w4a16", 200, 1024, 7), ("w4a16-asym", 72, 384, 33), ("w8a16", 8200, 4224, 300),
                          ("w8a16-fp8", 136, 256, 17), ("weight=int4,scale=fp16:channel", 8, 256, 1),
                          ("w4a16", 200, 1024, 7, torch.float16), ("w8a16-fp8", 136, 256, 17, torch.float16),
-                         ("weight=int4,scale=fp16:channel", 72, 384, 33, torch.float16)]}
+                         ("weight=int4,scale=fp16:channel", 72, 384, 33, torch.float16)],
+       "cutlass_mixed_shuffled": [("w4a16", 208, 1024, 7), ("w4a16", 8208, 4224, 300), ("w4a16", 16, 256, 1)]}
+ODD["cutlass_mixed_bf16s"] = ODD["cutlass_mixed_shuffled"]
 
 
 def odd_shapes(family: str = "mma_decode") -> None:

@@ -42,14 +42,16 @@ def _shape_ok(scheme, k):
 
 def test_format_table_matches_the_source():
     text = (ROOT / "cutlass_ext" / "csrc_sm90" / "mixed_gemm.cu").read_text()
-    rows = re.findall(r"X\((\d+), (?:cutlass::)?(\w+), cutlass::(\w+), (?:cutlass::)?(\w+), Scaling::(\w+)\)", text)
+    rows = re.findall(r"X\((\d+), (?:cutlass::)?(\w+), cutlass::(\w+), (?:cutlass::)?(\w+), Scaling::(\w+), "
+                      r"(HT_RM|Order::Shuffled)\)", text)
     names = {"int4b_t": "int4", "uint4b_t": "uint4", "int8_t": "int8", "float_e4m3_t": "e4m3fn"}
     acts = {"bfloat16_t": torch.bfloat16, "half_t": torch.float16}
     scaling = {"Group": "group", "GroupZero": "group_zero", "Channel": "channel"}
     scale_types = {"float": torch.float32, "half_t": torch.float16, "bfloat16_t": torch.bfloat16}
-    got = {int(i): (names[w], acts[a], scaling[s]) for i, w, a, _, s in rows}
+    got = {int(i): (names[w], acts[a], scaling[s]) for i, w, a, _, s, _ in rows}
     assert got == mg.FORMATS
-    for i, _, _, sc, s in rows:
+    assert {int(i) for i, *_, order in rows if order == "Order::Shuffled"} == mg.SHUFFLED
+    for i, _, _, sc, s, _ in rows:
         if s != "Channel":
             assert mg.GROUP_SCALE_DTYPE[int(i)] == scale_types[sc], i
     variants = re.findall(r"X\((\d+), Shape<_(\d+) COMMA _(\d+) COMMA _(\d+)>, (\w+),", text)
@@ -281,7 +283,8 @@ def test_kernel_list_of_the_build():
 
 # ---- CI: compile one kernel per weight family for sm_90a ---------------------------------------------------------
 
-COMPILE_CHECK = {0: "int4 group", 2: "uint4 + zero", 4: "int8 channel", 6: "e4m3 channel", 10: "int4 bf16 scales"}
+COMPILE_CHECK = {0: "int4 group", 2: "uint4 + zero", 4: "int8 channel", 6: "e4m3 channel", 10: "int4 bf16 scales",
+                 11: "int4 bf16 scales, shuffled"}
 
 
 def _cuobjdump():
@@ -324,6 +327,39 @@ def test_sm90a_kernels_compile_to_wgmma(tmp_path):
         assert re.search(rf"HGMMA\.64x16x16\.F32\.{act}\b", sass), (fmt, set(re.findall(r"HGMMA\.\S+", sass)))
         res = subprocess.run([tool, "-res-usage", str(obj)], capture_output=True, text=True, timeout=600).stdout
         assert "LOCAL:0" in res and not re.search(r"LOCAL:[1-9]", res), (fmt, res)
+        if fmt in mg.SHUFFLED:  # the point of the order: whole 32-bit shared loads, no byte loads to gather
+            assert "LDS.U8" not in sass and re.search(r"\bLDS\b", sass), (fmt, set(re.findall(r"LDS\S*", sass)))
+
+
+def test_shuffled_order_matches_cute(tmp_path):
+    """``mg.shuffle``'s tiling against the layout the kernel is given: a host program prints
+    ``tile_to_shape(ShuffleBlock, (N, K, 1))`` of csrc_sm90/mixed_gemm.cu at every (n, k) of a 48 x 32 weight."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH (the CUDA toolkit): nothing to compile with")
+    from cutlass_ext.build import SM90_SOURCE, cutlass_includes
+    try:
+        incs = [f"-I{d}" for d in cutlass_includes()]
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    text = SM90_SOURCE.read_text()
+    block = re.search(r"using ShuffleBlock = [^;]+;", text).group(0)
+    prog = tmp_path / "order.cu"
+    prog.write_text("#include <cute/tensor.hpp>\n#include <cstdio>\nusing namespace cute;\n" + block + "\n"
+                    "int main() { auto L = tile_to_shape(ShuffleBlock{}, make_shape(48, 32, 1));\n"
+                    "  for (int n = 0; n < 48; ++n) for (int k = 0; k < 32; ++k) printf(\"%d\\n\", int(L(n, k, 0))); }\n")
+    exe = tmp_path / "order"
+    r = subprocess.run([nvcc, "-std=c++17", "--expt-relaxed-constexpr", *incs, str(prog), "-o", str(exe)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    offsets = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    assert sorted(offsets) == list(range(48 * 32))
+    index = torch.arange(48 * 32).reshape(48, 32)
+    for digit in range(3):  # each element's row-major index, one hex digit (one nibble) at a time
+        codes = ((index >> (4 * digit)) & 15).to(torch.uint8)
+        data = mg.shuffle(codes).reshape(-1)
+        nibbles = torch.stack([data & 15, data >> 4], -1).reshape(-1)
+        assert torch.equal(nibbles[torch.tensor(offsets)], codes.reshape(-1)), digit
 
 
 # ---- the kernels on the GPU ------------------------------------------------------------------------------------
@@ -445,6 +481,91 @@ def _family_matches_reference_on_gpu(fam, fmt, scheme, shape, rng):
 @pytest.mark.parametrize("shape", SHAPES[:2] + [(4096, 4096)], ids=lambda s: "x".join(map(str, s)))
 def test_bf16_scales_kernel_matches_reference(shape, rng):
     _family_matches_reference_on_gpu(_bf16s_family(), 10, "w4a16", shape, rng)
+
+
+# ---- format 11: format 10 on the shuffled weight order (family cutlass_mixed_shuffled) -----------------------------
+
+def test_shuffle_places_each_lanes_fragment_in_32_contiguous_bits():
+    """The shuffled order against the WGMMA A fragment as the PTX ISA defines it for m64nNk16 (16-bit A, one warp's
+    16 rows): lane l holds a0 a1 at (l / 4, 2 (l % 4) + {0, 1}), a2 a3 eight rows down, a4 a5 eight columns right,
+    a6 a7 both -- each lane's 8 values must occupy offsets 8 l .. 8 l + 7 in the order [0 2 4 6 1 3 5 7] (the
+    value order CUTLASS's vectorized int4 -> bf16 converter takes); and the C++ ShuffleBlock has the same strides."""
+    off = mg._block_offsets()
+    for lane in range(32):
+        for v in range(8):
+            row = lane // 4 + 8 * ((v // 2) % 2)
+            col = 2 * (lane % 4) + v % 2 + 8 * (v // 4)
+            assert int(off[row, col]) == 8 * lane + [0, 4, 1, 5, 2, 6, 3, 7][v], (lane, v)
+    assert sorted(off.reshape(-1).tolist()) == list(range(256))
+    text = (ROOT / "cutlass_ext" / "csrc_sm90" / "mixed_gemm.cu").read_text()
+    r0, r1, k0, k1, k2 = map(int, re.search(r"using ShuffleBlock = Layout<Shape<Shape<_8, _2>, Shape<_2, _4, _2>>, "
+                                            r"Stride<Stride<_(\d+), _(\d+)>, Stride<_(\d+), _(\d+), _(\d+)>>>",
+                                            text).groups())
+    r = torch.arange(16).view(16, 1)
+    k = torch.arange(16).view(1, 16)
+    assert torch.equal(off, r0 * (r % 8) + r1 * (r // 8) + k0 * (k % 2) + k1 * ((k // 2) % 4) + k2 * (k // 8))
+
+
+@pytest.mark.parametrize("n,k", [(16, 16), (48, 32), (256, 4096)])
+def test_shuffle_round_trip_and_block_tiling(n, k, rng):
+    """``unshuffle`` inverts ``shuffle``; block (r, c) starts at value 256 (r + c N / 16) (cute::tile_to_shape's
+    order, checked against cute on the CPU when the compile check runs)."""
+    codes = torch.randint(0, 16, (n, k), generator=rng, dtype=torch.uint8)
+    data = mg.shuffle(codes)
+    assert data.shape == (n, k // 2) and data.dtype == torch.uint8
+    assert torch.equal(mg.unshuffle(data, n, k), codes)
+    nibbles = torch.stack([data.reshape(-1) & 15, data.reshape(-1) >> 4], -1).reshape(-1)
+    off = mg._block_offsets()
+    for (i, j) in [(0, 0), (n - 1, k - 1), (n // 2, k // 3), (17 % n, 5)]:
+        at = int(off[i % 16, j % 16]) + 256 * (i // 16 + (j // 16) * (n // 16))
+        assert int(nibbles[at]) == int(codes[i, j]), (i, j)
+    with pytest.raises(ValueError, match="whole 16 x 16 blocks"):
+        mg.shuffle(codes[:8])
+
+
+def _shuffled_family():
+    from humming_triton.kernels import families
+    return families.get("cutlass_mixed_shuffled")
+
+
+@pytest.mark.parametrize("scheme,shape", [(s, shape) for s, shape in BF16S_CASES if shape[0] % 16 == 0])
+def test_shuffled_emulated_matches_reference(scheme, shape, rng):
+    n, k = shape
+    qw = _weight(scheme, n, k, rng)
+    p = _shuffled_family().packed(qw, torch.bfloat16)
+    assert p.fmt == 11 and p.w.shape == (n, k // 2)
+    assert not torch.equal(p.w, qw.data.contiguous().view(torch.uint8))  # reordered, not the canonical bytes
+    p10 = _bf16s_family().packed(qw, torch.bfloat16)
+    x = torch.randn(33, k, generator=rng).to(torch.bfloat16)
+    assert torch.equal(mg.emulate(x, p), mg.emulate(x, p10))  # the same arithmetic as format 10
+
+
+def test_shuffled_reasons():
+    call = Call("quant_linear", ht.QuantScheme.parse("w4a16"), torch.bfloat16, 16, 200, 1024, device_type="cpu")
+    assert "multiple of 16" in (_shuffled_family().reason(call) or "")
+    assert _shuffled_family().reason(dataclasses.replace(call, n=208)) is None
+    with pytest.raises(ValueError, match="16-row blocks"):
+        mg.repack(_weight("w4a16", 200, 256, torch.Generator().manual_seed(0)), torch.bfloat16, fmt=11)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(208, 1024), (4096, 4096)], ids=lambda s: "x".join(map(str, s)))
+def test_shuffled_kernel_matches_reference(shape, rng):
+    _family_matches_reference_on_gpu(_shuffled_family(), 11, "w4a16", shape, rng)
+
+
+@pytest.mark.gpu
+def test_shuffled_kernel_equals_format_10(rng):
+    """Same arithmetic, another weight order: the two kernels agree to the last bit at every variant both have."""
+    fam10, fam11 = _bf16s_family(), _shuffled_family()
+    qw = _weight("w4a16", 512, 2048, rng).to("cuda")
+    for m in (1, 64, 256):
+        x = torch.randn(m, 2048, generator=rng).to(torch.bfloat16).cuda()
+        call = Call("quant_linear", qw.scheme, torch.bfloat16, m, 512, 2048)
+        for cfg in fam11.candidates(call):
+            y11 = fam11.run(x, x, qw, None, torch.bfloat16, cfg, None)
+            y10 = fam10.run(x, x, qw, None, torch.bfloat16, dataclasses.replace(cfg, family=fam10.name), None)
+            torch.testing.assert_close(y11, y10, rtol=0, atol=0, msg=f"M={m} {cfg.describe()}")
 
 
 # ---- MXFP4 on the e4m3 kernels (family cutlass_mx_e4m3) ---------------------------------------------------------

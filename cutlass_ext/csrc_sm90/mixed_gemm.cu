@@ -20,7 +20,9 @@
 // rounds) and fp16 for fp16 activations with fp16 scales (q * s in fp16: one rounding).  Format 10 takes int4 with
 // bf16 activations and *bf16* scales: the mainloop multiplies in bf16 (the scale rounded to bf16 first, then the
 // product: two roundings, as Marlin-style kernels do) instead of converting through fp32 -- fewer instructions
-// per weight in the conversion that bounds int4 at mid M; a family of its own (``cutlass_mixed_bf16s``).  Variants: tile shape and
+// per weight in the conversion that bounds int4 at mid M; a family of its own (``cutlass_mixed_bf16s``).  Format 11 is
+// format 10 with the weight stored in the order the mainloop consumes it (``ShuffleBlock``; ``cutlass_mixed_shuffled``).
+// Variants: tile shape and
 // kernel policy (cooperative persistent / stream-K on 128-row weight tiles, pingpong on 64-row ones), numbered in
 // HT_SM90_VARIANTS; the tuner times them.
 #include <cutlass/cutlass.h>
@@ -41,10 +43,24 @@ using namespace cute;
 
 enum class Scaling { Group, GroupZero, Channel };
 
-template <class ElementW, class ElementX, class ElementScale, Scaling S, class TileShape, class Policy>
+// The weight's order in memory: RowMajor ([N, K], K contiguous, sub-byte values low bits first), or Shuffled: W
+// in 16 x 16 blocks (16 rows of one warp's slice of the WGMMA A fragment by one k-block of 16), the blocks tiled
+// rows first (cute::tile_to_shape's order: block (r, c) starts at 256 * (r + c * N / 16)).  Within a block the 8
+// values lane l feeds to one m64nXk16 WGMMA -- rows l / 4 and l / 4 + 8, columns 2 (l % 4) + {0, 1, 8, 9} -- sit
+// in 32 contiguous bits, in the value order [0 2 4 6 1 3 5 7] (value v = k % 2 + 2 (row / 8) + 4 (k / 8) of the
+// fragment at position 4 (v % 2) + v / 2).  Why: one 32-bit shared-memory load per lane per k-block instead of
+// sub-byte ones, and CUTLASS's LayoutAwareConvert turns that order into 8 bf16 with 4 x (shift, LOP3, HSUB2) --
+// the conversion is what bounds int4 at mid M.  Offset of (row, k) in a block, rows r = r0 + 8 r1, columns
+// k = k0 + 2 k1 + 8 k2: 32 r0 + r1 + 4 k0 + 8 k1 + 2 k2.  cutlass_ext.mixed_gemm.shuffle writes this order.
+enum class Order { RowMajor, Shuffled };
+using ShuffleBlock = Layout<Shape<Shape<_8, _2>, Shape<_2, _4, _2>>, Stride<Stride<_32, _1>, Stride<_4, _8, _2>>>;
+using ShuffledW = decltype(tile_to_shape(ShuffleBlock{}, make_shape(int{}, int{}, int{})));
+
+template <class ElementW, class ElementX, class ElementScale, Scaling S, Order O, class TileShape, class Policy>
 struct MixedGemm {
   using ElementD = ElementX;
-  using LayoutW = cutlass::layout::RowMajor;     // A: [N, K], K contiguous
+  // A: [N, K], K contiguous, or the shuffled blocks (a cute layout in place of a stride: the builder takes either)
+  using LayoutW = cute::conditional_t<O == Order::Shuffled, ShuffledW, cutlass::layout::RowMajor>;
   using LayoutX = cutlass::layout::ColumnMajor;  // B: the K x T operand of x [T, K], K contiguous
   using LayoutD = cutlass::layout::ColumnMajor;  // D [N, T] column-major == y [T, N] row-major
   static constexpr int AlignW = 128 / cutlass::sizeof_bits<ElementW>::value;
@@ -84,7 +100,12 @@ struct MixedGemm {
   static typename Gemm::Arguments arguments(const void* w, const void* scales, const void* zeros, const void* x,
                                             const void* bias, void* y, int n, int t, int k, int group) {
     auto problem = make_shape(n, t, k, 1);
-    StrideA sa = cutlass::make_cute_packed_stride(StrideA{}, make_shape(n, k, 1));
+    StrideA sa;
+    if constexpr (O == Order::Shuffled) {
+      sa = tile_to_shape(ShuffleBlock{}, make_shape(n, k, 1));
+    } else {
+      sa = cutlass::make_cute_packed_stride(StrideA{}, make_shape(n, k, 1));
+    }
     StrideB sb = cutlass::make_cute_packed_stride(StrideB{}, make_shape(t, k, 1));
     StrideD sd = cutlass::make_cute_packed_stride(StrideD{}, make_shape(n, t, 1));
     typename Gemm::Arguments args{};
@@ -145,19 +166,21 @@ struct Pingpong {
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
 };
 
-// The formats (id, weight, activation, scale type, scaling); a build defines HT_SM90_FMT to pick one.
-#define HT_SM90_FORMATS(X)                                                                       \
-  X(0, cutlass::int4b_t, cutlass::bfloat16_t, float, Scaling::Group)       /* int4, group scales */ \
-  X(1, cutlass::int4b_t, cutlass::half_t, cutlass::half_t, Scaling::Group)                           \
-  X(2, cutlass::uint4b_t, cutlass::bfloat16_t, float, Scaling::GroupZero)  /* uint4 + zero point */ \
-  X(3, cutlass::uint4b_t, cutlass::half_t, float, Scaling::GroupZero)                                \
-  X(4, int8_t, cutlass::bfloat16_t, float, Scaling::Channel)               /* int8, channel */      \
-  X(5, int8_t, cutlass::half_t, float, Scaling::Channel)                                             \
-  X(6, cutlass::float_e4m3_t, cutlass::bfloat16_t, float, Scaling::Channel) /* e4m3, channel */     \
-  X(7, cutlass::float_e4m3_t, cutlass::half_t, float, Scaling::Channel)                              \
-  X(8, cutlass::int4b_t, cutlass::bfloat16_t, float, Scaling::Channel)     /* int4, channel */      \
-  X(9, cutlass::int4b_t, cutlass::half_t, float, Scaling::Channel)                                   \
-  X(10, cutlass::int4b_t, cutlass::bfloat16_t, cutlass::bfloat16_t, Scaling::Group) /* bf16 scales */
+// The formats (id, weight, activation, scale type, scaling, weight order); a build defines HT_SM90_FMT to pick one.
+#define HT_RM Order::RowMajor  // the plain order, for short rows
+#define HT_SM90_FORMATS(X)                                                                          \
+  X(0, cutlass::int4b_t, cutlass::bfloat16_t, float, Scaling::Group, HT_RM)       /* int4, group scales */ \
+  X(1, cutlass::int4b_t, cutlass::half_t, cutlass::half_t, Scaling::Group, HT_RM)                           \
+  X(2, cutlass::uint4b_t, cutlass::bfloat16_t, float, Scaling::GroupZero, HT_RM)  /* uint4 + zero point */ \
+  X(3, cutlass::uint4b_t, cutlass::half_t, float, Scaling::GroupZero, HT_RM)                                \
+  X(4, int8_t, cutlass::bfloat16_t, float, Scaling::Channel, HT_RM)               /* int8, channel */      \
+  X(5, int8_t, cutlass::half_t, float, Scaling::Channel, HT_RM)                                             \
+  X(6, cutlass::float_e4m3_t, cutlass::bfloat16_t, float, Scaling::Channel, HT_RM) /* e4m3, channel */     \
+  X(7, cutlass::float_e4m3_t, cutlass::half_t, float, Scaling::Channel, HT_RM)                              \
+  X(8, cutlass::int4b_t, cutlass::bfloat16_t, float, Scaling::Channel, HT_RM)     /* int4, channel */      \
+  X(9, cutlass::int4b_t, cutlass::half_t, float, Scaling::Channel, HT_RM)                                   \
+  X(10, cutlass::int4b_t, cutlass::bfloat16_t, cutlass::bfloat16_t, Scaling::Group, HT_RM) /* bf16 scales */ \
+  X(11, cutlass::int4b_t, cutlass::bfloat16_t, cutlass::bfloat16_t, Scaling::Group, Order::Shuffled)
 
 #define COMMA ,
 #ifndef HT_SM90_VARIANTS  // a compile check may define a shorter list before including this file
@@ -194,15 +217,15 @@ struct Pingpong {
 
 namespace {
 
-template <bool Keep, class W, class A, class SC, Scaling S, class T, class Policy>
+template <bool Keep, class W, class A, class SC, Scaling S, Order O, class T, class Policy>
 struct Variant {  // Keep = false: a branch compiled elsewhere (or nowhere)
   static int run(const void*, const void*, const void*, const void*, const void*, void*, int, int, int, int, void*,
                  size_t, cudaStream_t) { return -9; }
   static size_t workspace(int, int, int, int) { return size_t(-1); }
 };
 
-template <class W, class A, class SC, Scaling S, class T, class Policy>
-struct Variant<true, W, A, SC, S, T, Policy> : MixedGemm<W, A, SC, S, T, Policy> {};
+template <class W, class A, class SC, Scaling S, Order O, class T, class Policy>
+struct Variant<true, W, A, SC, S, O, T, Policy> : MixedGemm<W, A, SC, S, O, T, Policy> {};
 
 }  // namespace
 
@@ -223,22 +246,22 @@ extern "C" {
 int HT_GEMM_FN(int variant, const void* w, const void* scales, const void* zeros, const void* x, const void* bias,
                void* y, int n, int t, int k, int group, void* workspace, size_t workspace_bytes, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-#define HT_RUN_VARIANT(V, T, SCHED, F, W, A, SC, S)                                                            \
+#define HT_RUN_VARIANT(V, T, SCHED, F, W, A, SC, S, O)                                                         \
   if (variant == V)                                                                                            \
-    return Variant<HT_KEEP(F, V), W, A, SC, S, T, SCHED>::run(w, scales, zeros, x, bias, y, n, t, k, group,    \
-                                                              workspace, workspace_bytes, s);
-#define HT_RUN_FORMAT(F, W, A, SC, S) \
-  if (F == HT_SM90_FMT) { HT_SM90_VARIANTS(HT_RUN_VARIANT, F, W, A, SC, S) }
+    return Variant<HT_KEEP(F, V), W, A, SC, S, O, T, SCHED>::run(w, scales, zeros, x, bias, y, n, t, k, group, \
+                                                                 workspace, workspace_bytes, s);
+#define HT_RUN_FORMAT(F, W, A, SC, S, O) \
+  if (F == HT_SM90_FMT) { HT_SM90_VARIANTS(HT_RUN_VARIANT, F, W, A, SC, S, O) }
   HT_SM90_FORMATS(HT_RUN_FORMAT)
   return -9;
 }
 
 // Bytes of workspace a variant needs (stream-K's partial tiles); -1 cast to size_t for an unknown variant.
 size_t HT_WS_FN(int variant, int n, int t, int k, int group) {
-#define HT_WS_VARIANT(V, T, SCHED, F, W, A, SC, S) \
-  if (variant == V) return Variant<HT_KEEP(F, V), W, A, SC, S, T, SCHED>::workspace(n, t, k, group);
-#define HT_WS_FORMAT(F, W, A, SC, S) \
-  if (F == HT_SM90_FMT) { HT_SM90_VARIANTS(HT_WS_VARIANT, F, W, A, SC, S) }
+#define HT_WS_VARIANT(V, T, SCHED, F, W, A, SC, S, O) \
+  if (variant == V) return Variant<HT_KEEP(F, V), W, A, SC, S, O, T, SCHED>::workspace(n, t, k, group);
+#define HT_WS_FORMAT(F, W, A, SC, S, O) \
+  if (F == HT_SM90_FMT) { HT_SM90_VARIANTS(HT_WS_VARIANT, F, W, A, SC, S, O) }
   HT_SM90_FORMATS(HT_WS_FORMAT)
   return size_t(-1);
 }

@@ -162,6 +162,31 @@ class CutlassMixedBF16Scales(CutlassMixed):
 register(CutlassMixedBF16Scales())
 
 
+class CutlassMixedShuffled(CutlassMixedBF16Scales):
+    """``cutlass_mixed_shuffled``: ``cutlass_mixed_bf16s``'s arithmetic (format 11 = format 10) on the weight stored
+    in the order the mainloop consumes it (``cutlass_ext.mixed_gemm.shuffle``, once per weight, cached): each
+    lane's 8 values of a k-block in one 32-bit shared-memory load (format 10: 4 byte loads plus PRMTs to gather
+    them) and in the order for which CUTLASS's LayoutAwareConvert has a 3-instruction-per-pair int4 -> bf16
+    conversion.  sm_90a SASS of the 128x128x64 persistent kernel: 48 LDS.U8 -> 0 (13 LDS.32), PRMT 101 -> 19,
+    2024 -> 1920 instructions.  Needs N a multiple of 16 (whole 16-row blocks)."""
+    name = "cutlass_mixed_shuffled"
+
+    def weight_reason(self, call: Call) -> str | None:
+        why = super().weight_reason(call)
+        if why is None and call.n % 16:
+            why = f"N={call.n} is not a multiple of 16 (the shuffled order stores whole 16-row blocks)"
+        return why
+
+    def format_id(self, call: Call) -> int:
+        return 11
+
+    def packed(self, qw, dtype):
+        return qw.cached_view("cutlass", ("mixed", dtype, 11), lambda: mg.repack(qw, dtype, fmt=11))
+
+
+register(CutlassMixedShuffled())
+
+
 class CutlassMXE4M3(CutlassMixed):
     """``cutlass_mx_e4m3``: MXFP4 weights on the e4m3 CUTLASS kernels (formats 6 / 7: e4m3 codes, an fp32 row scale
     on the accumulator), by the exact change of format of ``scaled_mm_mx.as_e4m3_rows`` -- each block's e2m1
