@@ -15,13 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .mixed_gemm import _workspace
+from .mixed_gemm import _workspace, shuffle, unshuffle
 from .native import current_stream, library
 
 # format -> (weight codes, the scale type the mainloop multiplies by): 0 int4 x fp32 group scales (q * s exact, one
 # rounding to bf16), 10 int4 x bf16 group scales (the scale rounded to bf16 at repack, the product again: two
 # roundings, fewer instructions), 6 e4m3 x one bf16 scale per row (group = K; a power of two: exact)
-FORMATS = {0: ("int4", torch.float32), 10: ("int4", torch.bfloat16), 6: ("e4m3fn", torch.bfloat16)}
+FORMATS = {0: ("int4", torch.float32), 10: ("int4", torch.bfloat16), 11: ("int4", torch.bfloat16),
+           6: ("e4m3fn", torch.bfloat16)}
+# 11: format 10 with each expert's weight in the shuffled order (mixed_gemm.shuffle; N a multiple of 16)
+SHUFFLED = {11}
 ROW_EXPONENTS = (-124, 119)  # 2^e times any e4m3 value is a bf16 value (no overflow, no lost subnormal bit)
 # variant -> (token tile, K tile, weight rows per tile): HT_SM90G_VARIANTS.  128-row tiles are split by two
 # consumer warpgroups (cooperative), 64-row tiles go to one warpgroup at a time (pingpong)
@@ -64,7 +67,8 @@ def variant_reason(variant: int, group: int) -> str | None:
 class PackedExperts:
     """Every expert as the kernel takes it (made once per weight, cached on it)."""
     fmt: int
-    w: torch.Tensor       # uint8 [E, N, K * bits / 8]: int4 codes' bytes (K-major, low nibble first) or e4m3 bytes
+    w: torch.Tensor       # uint8 [E, N, K * bits / 8]: int4 codes' bytes (K-major, low nibble first; SHUFFLED
+    #                       formats: each expert's in the shuffled order) or e4m3 bytes
     scales: torch.Tensor  # [E, K / g, N] (N contiguous) in FORMATS[fmt][1]
     experts: int
     n: int
@@ -88,6 +92,10 @@ def repack_experts(qw, fmt: int) -> PackedExperts:
     w = qw.data.contiguous().view(torch.uint8)
     if w.shape != (e, n, k // 2):
         raise ValueError(f"packed codes of shape {list(qw.data.shape)} are not {e} x {n} rows of {k // 2} bytes")
+    if fmt in SHUFFLED:
+        if n % 16:
+            raise ValueError(f"format {fmt} stores whole 16-row blocks: N={n} is not a multiple of 16")
+        w = shuffle(torch.stack([w & 15, w >> 4], -1).reshape(e, n, k))
     s = decode_scales(qw.scales, qw.scheme).to(torch.float32)  # [E, N, groups]
     return PackedExperts(fmt, w, s.transpose(1, 2).contiguous().to(FORMATS[fmt][1]), e, n, k, qw.scheme.group_k(k))
 
@@ -191,7 +199,10 @@ def emulate(x: torch.Tensor, p: PackedExperts, offsets: torch.Tensor) -> torch.T
     """What the kernel computes, in float64 from the packed operands alone: each expert's codes read as CUTLASS
     reads the bytes (low nibble first; e4m3 as they are), times the group scale in the format's scale type, rounded to bf16; the
     accumulator rounded to bf16 by the caller's comparison."""
-    if FORMATS[p.fmt][0] == "int4":
+    if p.fmt in SHUFFLED:
+        codes = unshuffle(p.w, p.n, p.k).to(torch.int32)
+        q = torch.where(codes >= 8, codes - 16, codes).to(p.scales.dtype)
+    elif FORMATS[p.fmt][0] == "int4":
         raw = p.w.to(torch.int32)
         codes = torch.stack([raw & 15, raw >> 4], -1).reshape(p.experts, p.n, p.k)
         q = torch.where(codes >= 8, codes - 16, codes).to(p.scales.dtype)

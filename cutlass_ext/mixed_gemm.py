@@ -107,24 +107,30 @@ def _block_offsets(device=None) -> torch.Tensor:
 
 
 def shuffle(codes: torch.Tensor) -> torch.Tensor:
-    """int4 codes ([N, K] uint8 nibbles 0..15, N and K multiples of 16) -> the shuffled order's bytes (uint8
-    [N, K / 2]; two values per byte, the lower offset in the low nibble): 16 x 16 blocks tiled rows first (block
-    (r, c) at value offset 256 (r + c N / 16)), each block's values placed by ``_block_offsets``."""
-    n, k = codes.shape
+    """int4 codes (``[..., N, K]`` uint8 nibbles 0..15, N and K multiples of 16; leading dims: experts, each
+    shuffled on its own) -> the shuffled order's bytes (uint8 ``[..., N, K / 2]``; two values per byte, the lower
+    offset in the low nibble): 16 x 16 blocks tiled rows first (block (r, c) at value offset 256 (r + c N / 16)),
+    each block's values placed by ``_block_offsets``."""
+    *lead, n, k = codes.shape
     if n % 16 or k % 16:
         raise ValueError(f"the shuffled order takes whole 16 x 16 blocks (got N={n}, K={k})")
-    blocks = codes.reshape(n // 16, 16, k // 16, 16).permute(2, 0, 1, 3).reshape(k // 16, n // 16, 256)
+    d = len(lead)
+    blocks = codes.reshape(*lead, n // 16, 16, k // 16, 16)
+    blocks = blocks.permute(*range(d), d + 2, d, d + 1, d + 3).reshape(*lead, k // 16, n // 16, 256)
     flat = torch.empty_like(blocks)
     flat[..., _block_offsets(codes.device).reshape(-1)] = blocks
-    flat = flat.reshape(-1)
-    return (flat[0::2] | (flat[1::2] << 4)).reshape(n, k // 2)
+    flat = flat.reshape(*lead, n * k)
+    return (flat[..., 0::2] | (flat[..., 1::2] << 4)).reshape(*lead, n, k // 2)
 
 
 def unshuffle(data: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """``shuffle``'s inverse: the shuffled bytes -> [N, K] uint8 nibbles in row-major order."""
-    flat = torch.stack([data.reshape(-1) & 15, data.reshape(-1) >> 4], -1).reshape(k // 16, n // 16, 256)
-    blocks = flat[..., _block_offsets(data.device).reshape(-1)]
-    return blocks.reshape(k // 16, n // 16, 16, 16).permute(1, 2, 0, 3).reshape(n, k)
+    """``shuffle``'s inverse: the shuffled bytes (``[..., N, K / 2]``) -> ``[..., N, K]`` uint8 nibbles in row-major
+    order."""
+    lead = data.shape[:-2]
+    d = len(lead)
+    flat = torch.stack([data & 15, data >> 4], -1).reshape(*lead, k // 16, n // 16, 256)
+    blocks = flat[..., _block_offsets(data.device).reshape(-1)].reshape(*lead, k // 16, n // 16, 16, 16)
+    return blocks.permute(*range(d), d + 1, d + 2, d, d + 3).reshape(*lead, n, k)
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """MoE experts on the sm_90a CUTLASS grouped mixed-input GEMM (``cutlass_ext/csrc_sm90_grouped``, families
-``cutlass_grouped`` / ``cutlass_grouped_bf16s`` (int4) and ``cutlass_grouped_mx`` (MXFP4 as e4m3 rows), backend
+``cutlass_grouped`` / ``cutlass_grouped_bf16s`` / ``cutlass_grouped_shuffled`` (int4) and ``cutlass_grouped_mx`` (MXFP4 as e4m3 rows), backend
 ``cutlass``; issue 11).
 
 CPU: the Python tables agree with the .cu's; the repacked experts, read back the way CUTLASS reads them
@@ -21,7 +21,7 @@ from humming_triton.kernels import families
 from humming_triton.testing import assert_linear_close, poison_like
 
 ROOT = Path(__file__).resolve().parent.parent
-FAMILIES = {"cutlass_grouped": 0, "cutlass_grouped_bf16s": 10}  # the int4 families
+FAMILIES = {"cutlass_grouped": 0, "cutlass_grouped_bf16s": 10, "cutlass_grouped_shuffled": 11}  # the int4 families
 ALL_FAMILIES = {**FAMILIES, "cutlass_grouped_mx": 6, "cutlass_grouped_mx_a8": 6}
 SCHEMES = ["w4a16", "weight=int4,scale=bf16:g64", "weight=int4,scale=fp32:g256"]
 
@@ -43,11 +43,23 @@ def test_tables_match_the_source():
     variants = re.findall(r"X\((\d+), Shape<_(\d+) COMMA _(\d+) COMMA _(\d+)>, (\w+)\)", text)
     assert {int(v): (int(t), int(k), int(rows)) for v, rows, t, k, _ in variants} == gg.VARIANTS
     assert all((policy == "Pingpong") == (rows == "64") for _, rows, _, _, policy in variants)
-    rows = re.findall(r"HT_SM90G_FMT == (\d+)\nusing HtWeight = (?:cutlass::)?(\w+);\nusing HtScale = (?:cutlass::)?(\w+);",
-                      text)
+    rows = re.findall(r"HT_SM90G_FMT == (\d+)(?: \|\| HT_SM90G_FMT == (\d+))?\nusing HtWeight = (?:cutlass::)?(\w+);"
+                      r"\nusing HtScale = (?:cutlass::)?(\w+);\nconstexpr bool HtShuffled = ([^;]+);", text)
     weights = {"int4b_t": "int4", "float_e4m3_t": "e4m3fn"}
     scales = {"float": torch.float32, "bfloat16_t": torch.bfloat16}
-    assert {int(f): (weights[w], scales[t]) for f, w, t in rows} == gg.FORMATS
+    got, shuffled = {}, set()
+    for f1, f2, w, t, shuf in rows:
+        for f in filter(None, (f1, f2)):
+            got[int(f)] = (weights[w], scales[t])
+            other = re.fullmatch(r"HT_SM90G_FMT != (\d+)", shuf)  # the branch's C++ expression at that format
+            assert shuf == "false" or other, shuf
+            if other and int(f) != int(other.group(1)):
+                shuffled.add(int(f))
+    assert got == gg.FORMATS and shuffled == gg.SHUFFLED
+    # the shuffled order is the dense kernels' own, word for word
+    dense = (ROOT / "cutlass_ext" / "csrc_sm90" / "mixed_gemm.cu").read_text()
+    block = re.compile(r"using ShuffleBlock = [^;]+;")
+    assert block.search(text).group(0) == block.search(dense).group(0)
     assert sorted(sm90_grouped_kernels()) == sorted((f, v) for f in gg.FORMATS for v in gg.VARIANTS)
     assert {families.get(n).fmt for n in ALL_FAMILIES} == set(gg.FORMATS)
 
@@ -55,7 +67,7 @@ def test_tables_match_the_source():
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("fmt", sorted(FAMILIES.values()))
 def test_emulated_kernel_matches_reference(scheme, fmt, rng):
-    e, n, k = 5, 72, 512
+    e, n, k = 5, 80, 512
     qw = _experts(scheme, e, n, k, rng)
     p = gg.repack_experts(qw, fmt)
     assert p.w.shape == (e, n, k // 2) and p.scales.shape == (e, k // p.group, n) and p.scales.dtype == gg.FORMATS[fmt][1]
@@ -67,6 +79,24 @@ def test_emulated_kernel_matches_reference(scheme, fmt, rng):
         rows = slice(int(offsets[i]), int(offsets[i + 1]))
         if rows.stop > rows.start:
             assert_linear_close(got[rows], ref[rows], x[rows].float(), w_hat[i], torch.bfloat16, f"{scheme} e{i}")
+
+
+def test_shuffled_experts_emulate_as_format_10(rng):
+    """Format 11 holds each expert's codes in the shuffled order (not the canonical bytes) and computes what format
+    10 computes; N not a multiple of 16 is refused with the reason."""
+    e, n, k = 3, 48, 256
+    qw = _experts("w4a16", e, n, k, rng)
+    p10, p11 = gg.repack_experts(qw, 10), gg.repack_experts(qw, 11)
+    assert not torch.equal(p10.w, p11.w)
+    for i in range(e):  # each expert shuffled on its own
+        from cutlass_ext.mixed_gemm import shuffle
+        assert torch.equal(p11.w[i], shuffle(torch.stack([p10.w[i] & 15, p10.w[i] >> 4], -1).reshape(n, k)))
+    x, offsets = _routed([4, 0, 7], k, rng)
+    assert torch.equal(gg.emulate(x, p11, offsets), gg.emulate(x, p10, offsets))
+    call = Call("grouped_linear", qw.scheme, torch.bfloat16, 11, 72, k, experts=e, device_type="cpu")
+    assert "multiple of 16" in (families.get("cutlass_grouped_shuffled").reason(call) or "")
+    with pytest.raises(ValueError, match="16-row blocks"):
+        gg.repack_experts(_experts("w4a16", 2, 72, k, rng), 11)
 
 
 def test_emulation_can_fail(rng):
@@ -231,7 +261,7 @@ def test_kernel_matches_reference(name, scheme, counts, rng):
     if why:
         pytest.fail(why)  # asked for GPU tests: a missing build is a failure, not a skip
     counts = COUNTS[counts]
-    n, k = 200, 1024
+    n, k = 208, 1024
     qw = _experts(scheme, len(counts), n, k, rng).to("cuda")
     x, offsets = _routed(counts, k, rng)
     ref = ht.reference_grouped_linear(x, qw.to("cpu"), offsets, out_dtype=torch.float32).double()
@@ -311,7 +341,7 @@ def test_mx_kernel_matches_reference(counts, rng):
     if gg.available(6):
         pytest.fail(gg.available(6))
     counts = COUNTS[counts]
-    n, k = 200, 1024
+    n, k = 208, 1024
     w = torch.randn(len(counts), n, k, generator=rng) * 0.05
     qw = ht.quantize_weight(w * torch.exp2(torch.linspace(0, 5, k // 32)).repeat_interleave(32), "mxfp4").to("cuda")
     x, offsets = _routed(counts, k, rng)
@@ -340,7 +370,7 @@ def test_mx_a8_kernel_matches_reference(counts, bias, rng):
     if gg.available(6):
         pytest.fail(gg.available(6))
     counts = COUNTS[counts]
-    n, k = 200, 1024
+    n, k = 208, 1024
     w = torch.randn(len(counts), n, k, generator=rng) * 0.05
     qw = ht.quantize_weight(w * torch.exp2(torch.linspace(0, 5, k // 32)).repeat_interleave(32), "w4a8-mxfp4",
                             bias=torch.randn(len(counts), n, generator=rng) if bias else None).to("cuda")

@@ -15,7 +15,9 @@
 //
 // Formats (one kernel per translation unit: -DHT_SM90G_FMT, -DHT_SM90G_VARIANT): 0 = int4 with fp32 group scales
 // (exact: q * s in fp32, one rounding to bf16), 10 = int4 with bf16 group scales (two roundings, fewer
-// instructions) -- the twins of csrc_sm90's formats 0 / 10 -- and 6 = e4m3 with one bf16 scale per row (MXFP4
+// instructions) -- the twins of csrc_sm90's formats 0 / 10 --, 11 = format 10 with each expert's weight in the
+// shuffled order of csrc_sm90/mixed_gemm.cu (ShuffleBlock: a lane's 8 values of a k-block in 32 contiguous bits,
+// in the value order of CUTLASS's vectorized int4 -> bf16 converter), and 6 = e4m3 with one bf16 scale per row (MXFP4
 // experts as exact e4m3 rows times a power of two: exact in bf16).  bf16 activations and output; no bias (an expert
 // bias runs elsewhere).  Variants: HT_SM90G_VARIANTS (tile shape x schedule), timed by the tuner.
 #include <cutlass/cutlass.h>
@@ -44,14 +46,21 @@ struct Pingpong {
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 };
 
-template <class ElementW_, class ElementScale_, class TileShape, class Policy>
+// The shuffled weight order of csrc_sm90/mixed_gemm.cu, word for word (tests/test_cutlass_grouped.py checks the two
+// agree): 16 x 16 blocks of W tiled rows first, each lane's 8 fragment values of a k-block in 32 contiguous bits.
+using ShuffleBlock = Layout<Shape<Shape<_8, _2>, Shape<_2, _4, _2>>, Stride<Stride<_32, _1>, Stride<_4, _8, _2>>>;
+using ShuffledW = decltype(tile_to_shape(ShuffleBlock{}, make_shape(int{}, int{}, int{})));
+
+template <class ElementW_, class ElementScale_, bool Shuffled, class TileShape, class Policy>
 struct GroupedGemm {
   using ElementScale = ElementScale_;
   using ElementW = ElementW_;
   using ElementX = cutlass::bfloat16_t;
   using ElementD = cutlass::bfloat16_t;
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // per expert (N, T_e, K)
-  using LayoutW = cutlass::layout::RowMajor;     // A: [N, K], K contiguous
+  // A: [N, K], K contiguous, or the shuffled blocks (a cute layout in place of a stride)
+  using LayoutW = cute::conditional_t<Shuffled, ShuffledW, cutlass::layout::RowMajor>;
+  static constexpr bool kShuffled = Shuffled;
   using LayoutX = cutlass::layout::ColumnMajor;  // B: the K x T_e operand of x_e [T_e, K]
   using LayoutD = cutlass::layout::ColumnMajor;  // D [N, T_e] column-major == y_e [T_e, N] row-major
   static constexpr int AlignW = 128 / cutlass::sizeof_bits<ElementW>::value;
@@ -164,7 +173,12 @@ int run_grouped(const void* w, const void* scales, const void* x, const void* of
   auto a = G::carve(workspace, experts);
   auto args = G::arguments(a, experts, group, sm_count);
   if (head + Gemm::get_workspace_size(args) > workspace_bytes) return -2;
-  auto dw = cutlass::make_cute_packed_stride(typename G::StrideW{}, make_shape(n, k, 1));
+  typename G::StrideW dw;
+  if constexpr (G::kShuffled) {
+    dw = tile_to_shape(ShuffleBlock{}, make_shape(n, k, 1));
+  } else {
+    dw = cutlass::make_cute_packed_stride(typename G::StrideW{}, make_shape(n, k, 1));
+  }
   auto dx = cutlass::make_cute_packed_stride(typename G::StrideX{}, make_shape(rows_hint, k, 1));
   auto ds = cutlass::make_cute_packed_stride(typename G::StrideS{}, make_shape(n, k / group, 1));
   auto dd = cutlass::make_cute_packed_stride(typename G::StrideD{}, make_shape(n, rows_hint, 1));
@@ -208,7 +222,8 @@ size_t workspace_grouped(int experts, int group, int sm_count) {
 using namespace ht_grouped;
 
 // One kernel per translation unit: -DHT_SM90G_FMT=<format> -DHT_SM90G_VARIANT=<variant> (cutlass_ext/build.py).
-// Formats: 0 = int4 with fp32 group scales, 10 = int4 with bf16 group scales, 6 = e4m3 with one bf16 scale per row
+// Formats: 0 = int4 with fp32 group scales, 10 = int4 with bf16 group scales, 11 = 10 on the shuffled order,
+// 6 = e4m3 with one bf16 scale per row
 // (group = K): MXFP4 experts as exact e4m3 rows whose row scale is a power of two, so the bf16 product is exact.
 #if !defined(HT_SM90G_FMT) || !defined(HT_SM90G_VARIANT)
 #error "compile once per kernel: -DHT_SM90G_FMT=<id> -DHT_SM90G_VARIANT=<id> (cutlass_ext/build.py does)"
@@ -216,14 +231,17 @@ using namespace ht_grouped;
 #if HT_SM90G_FMT == 0
 using HtWeight = cutlass::int4b_t;
 using HtScale = float;
-#elif HT_SM90G_FMT == 10
+constexpr bool HtShuffled = false;
+#elif HT_SM90G_FMT == 10 || HT_SM90G_FMT == 11
 using HtWeight = cutlass::int4b_t;
 using HtScale = cutlass::bfloat16_t;
+constexpr bool HtShuffled = HT_SM90G_FMT != 10;
 #elif HT_SM90G_FMT == 6
 using HtWeight = cutlass::float_e4m3_t;
 using HtScale = cutlass::bfloat16_t;
+constexpr bool HtShuffled = false;
 #else
-#error "unknown grouped format (0, 10: int4 with fp32 / bf16 group scales; 6: e4m3 with bf16 row scales)"
+#error "unknown grouped format (0, 10, 11: int4 with fp32 / bf16 / bf16-shuffled group scales; 6: e4m3 with bf16 row scales)"
 #endif
 
 #define HT_PICK(V, T, POLICY) \
@@ -232,7 +250,8 @@ using HtScale = cutlass::bfloat16_t;
 HT_SM90G_VARIANTS(HT_PICK)
 #define HT_CAT2(a, b) a##b
 #define HT_CAT(a, b) HT_CAT2(a, b)
-using HtGrouped = GroupedGemm<HtWeight, HtScale, HT_CAT(HtTile, HT_SM90G_VARIANT), HT_CAT(HtPolicy, HT_SM90G_VARIANT)>;
+using HtGrouped = GroupedGemm<HtWeight, HtScale, HtShuffled, HT_CAT(HtTile, HT_SM90G_VARIANT),
+                              HT_CAT(HtPolicy, HT_SM90G_VARIANT)>;
 #define HT_SUFFIX HT_CAT(HT_CAT(HT_SM90G_FMT, _v), HT_SM90G_VARIANT)
 
 extern "C" {

@@ -1,4 +1,4 @@
-"""``cutlass_grouped`` / ``cutlass_grouped_bf16s`` / ``cutlass_grouped_mx``: MoE experts (``grouped_linear``) on the sm_90a CUTLASS grouped
+"""``cutlass_grouped`` / ``cutlass_grouped_bf16s`` / ``cutlass_grouped_shuffled`` / ``cutlass_grouped_mx``: MoE experts (``grouped_linear``) on the sm_90a CUTLASS grouped
 mixed-input GEMM (``cutlass_ext/csrc_sm90_grouped/grouped_gemm.cu``): every expert one problem of CUTLASS's
 pointer-array kernel, the int4 weight converted in registers and multiplied by its group scale in the mainloop,
 TMA-fed and warp-specialized -- the grouped counterpart of ``cutlass_mixed`` / ``cutlass_mixed_bf16s`` (fp32 /
@@ -108,6 +108,24 @@ class CutlassGroupedBF16Scales(CutlassGrouped):
 
 
 register(CutlassGroupedBF16Scales())
+
+
+class CutlassGroupedShuffled(CutlassGroupedBF16Scales):
+    """``cutlass_grouped_shuffled``: ``cutlass_grouped_bf16s``'s arithmetic (grouped format 11 = 10) on each
+    expert's weight stored in the order the mainloop consumes it (``cutlass_ext.mixed_gemm.shuffle``, cached): one
+    32-bit shared load per lane per k-block and CUTLASS's vectorized int4 -> bf16 converter, as dense
+    ``cutlass_mixed_shuffled``.  Needs N a multiple of 16."""
+    name = "cutlass_grouped_shuffled"
+    fmt = 11
+
+    def weight_reason(self, call: Call) -> str | None:
+        why = super().weight_reason(call)
+        if why is None and call.n % 16:
+            why = f"N={call.n} is not a multiple of 16 (the shuffled order stores whole 16-row blocks)"
+        return why
+
+
+register(CutlassGroupedShuffled())
 
 
 class CutlassGroupedMX(CutlassGrouped):
