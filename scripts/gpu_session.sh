@@ -38,6 +38,7 @@
 #   intdecode the integer-decode tile loops (INT_DECODE_ACT): GPU tests, same-run A/B  -> int_decode_probe.txt/json
 #   new     GPU tests of this session's new paths (swap-AB family, torch-composed families, dispatch)
 #   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
+#   matrix  every GPU test of tests/ ($MATRIX_S, default 420 s)                            -> gpu_tests.txt
 #   overhead host-side µs per call of each path (eager, op, compiled) + profiles  -> overhead.txt
 #   demo    python3 -m humming_triton.demo --backend triton                                -> demo.txt
 #   e2e     decode tokens/s vs bf16: dense Llama ($E2E_SCHEMES) and Qwen3-MoE (eager, CUDA graph, torch.compile);
@@ -191,6 +192,7 @@ for step in $STEPS; do
     new)     gpu_tests ${NEW_S:-150} new tests/test_dispatch.py tests/test_dense_kernels.py tests/test_grouped_kernels.py \
                -k "swapab or dispatch or torch_composed or split" ;;
     dense)   gpu_tests ${DENSE_S:-200} dense tests/test_dense_kernels.py -k every_format_family ;;
+    matrix)  gpu_tests ${MATRIX_S:-420} matrix tests/ ;;  # the whole GPU suite (issue 15's GPU matrix)
     overhead) stamp overhead; timeout -k 5 120 python3 -m benchmarks.overhead --out "$OUT/overhead.json" > "$OUT/overhead.txt" 2>&1 ;;
     demo)    stamp demo; timeout -k 5 80 python3 -m humming_triton.demo --backend triton > "$OUT/demo.txt" 2>&1 ;;
     e2e)
