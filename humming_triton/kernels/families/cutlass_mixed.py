@@ -144,19 +144,20 @@ class CutlassMixedBF16Scales(CutlassMixed):
     do).  Why: the fp32 detour (int4 -> fp32, multiply, fp32 -> bf16) is what bounds int4 at mid M on the H200
     (int4 with no scale in the mainloop ran 59.8 against 75.0 us at M = 256; fp16 with fp16 scales 66.9)."""
     name = "cutlass_mixed_bf16s"
+    fmt = 10  # an INEXACT_FORMATS twin of the exact format 0
 
     def weight_reason(self, call: Call) -> str | None:
         from cutlass_ext.mixed_gemm import INEXACT_FORMATS
         why = super().weight_reason(call)
-        if why is None and super().format_id(call) != INEXACT_FORMATS[10]:
+        if why is None and super().format_id(call) != INEXACT_FORMATS[self.fmt]:
             why = f"{call.scheme.name} with {call.dtype} activations (int4 group scales with bf16 activations only)"
         return why
 
     def format_id(self, call: Call) -> int:
-        return 10
+        return self.fmt
 
     def packed(self, qw, dtype):
-        return qw.cached_view("cutlass", ("mixed", dtype, 10), lambda: mg.repack(qw, dtype, fmt=10))
+        return qw.cached_view("cutlass", ("mixed", dtype, self.fmt), lambda: mg.repack(qw, dtype, fmt=self.fmt))
 
 
 register(CutlassMixedBF16Scales())
@@ -170,18 +171,13 @@ class CutlassMixedShuffled(CutlassMixedBF16Scales):
     conversion.  sm_90a SASS of the 128x128x64 persistent kernel: 48 LDS.U8 -> 0 (13 LDS.32), PRMT 101 -> 19,
     2024 -> 1920 instructions.  Needs N a multiple of 16 (whole 16-row blocks)."""
     name = "cutlass_mixed_shuffled"
+    fmt = 11
 
     def weight_reason(self, call: Call) -> str | None:
         why = super().weight_reason(call)
         if why is None and call.n % 16:
             why = f"N={call.n} is not a multiple of 16 (the shuffled order stores whole 16-row blocks)"
         return why
-
-    def format_id(self, call: Call) -> int:
-        return 11
-
-    def packed(self, qw, dtype):
-        return qw.cached_view("cutlass", ("mixed", dtype, 11), lambda: mg.repack(qw, dtype, fmt=11))
 
 
 register(CutlassMixedShuffled())
