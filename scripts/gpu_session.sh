@@ -35,6 +35,8 @@
 #   tp      2+ GPUs: scripts/tp_check.py (TP MLP pair + EP grouped GEMM vs one GPU, timed)      -> tp.json
 #   blockwise which block-scaled fp8 recipes F.scaled_mm takes here, and their speed  -> blockwise_probe.txt/json
 #   files   the GPU tests of the files in $GPU_TEST_FILES                                -> gpu_tests.txt
+#           (pytest arguments may follow the files, e.g. "tests/test_cutlass_sm90.py -k shuffled": a carried
+#           library built for some CUTLASS formats fails the other formats' cases, which skips tuneclean)
 #   intdecode the integer-decode tile loops (INT_DECODE_ACT): GPU tests, same-run A/B  -> int_decode_probe.txt/json
 #   new     GPU tests of this session's new paths (swap-AB family, torch-composed families, dispatch)
 #   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
