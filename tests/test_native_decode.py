@@ -309,6 +309,8 @@ def test_grouped_rows_per_pass_are_checked(rng):
         dm.run_grouped(x, p, offsets, None, out, rows_per_pass=24)
     with pytest.raises(ValueError, match="unroll 1 or 2"):
         dm.run_grouped(x, p, offsets, None, out, unroll=3, rows_per_pass=32)
+    with pytest.raises(ValueError, match="row grid runs 8 rows"):
+        dm.run_grouped(x, p, offsets, None, out, rows_per_pass=16, row_grid=True)
 
 
 def test_grouped_family_reasons():
@@ -326,6 +328,58 @@ def test_grouped_family_reasons():
     mid = fam.candidates(Call("grouped_linear", s, torch.bfloat16, 1024, 1536, 2048, 128))
     wide = fam.candidates(Call("grouped_linear", s, torch.bfloat16, 4096, 1536, 2048, 128))
     assert {c.block_m for c in mid} == {8, 16} and {c.block_m for c in wide} == {8, 16}
+
+
+def test_grouped_row_grid_family_reasons():
+    """``mma_decode_grouped_rows`` runs only where its grid differs from the expert grid (fewer routed rows than
+    experts), on the base family's configs plus deeper K splits."""
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    base, fam = families.get("mma_decode_grouped"), families.get("mma_decode_grouped_rows")
+    assert fam.backend == "cuda" and fam.row_grid and not base.row_grid
+    s = ht.QuantScheme.parse("w4a16")
+    few = Call("grouped_linear", s, torch.bfloat16, 8, 1536, 2048, 128)
+    assert fam.reason(few) is None
+    assert "row grid" in fam.reason(Call("grouped_linear", s, torch.bfloat16, 128, 1536, 2048, 128))
+    assert "act-order" in fam.reason(Call("grouped_linear", s, torch.bfloat16, 8, 1536, 2048, 128, True))
+    got = fam.candidates(few)
+    assert all(c.family == fam.name and c.block_m == 8 and 32 * c.split_k * c.block_n // 16 <= 512 for c in got)
+    assert {(c.split_k, c.block_n // 16) for c in got} > {(c.split_k, c.block_n // 16) for c in base.candidates(few)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,dtype", [("w4a16", torch.bfloat16), ("w8a16-asym", torch.float16),
+                                       ("mxfp4", torch.bfloat16)])
+def test_grouped_row_grid_equals_expert_grid(fmt, dtype, rng):
+    """The row grid (a CTA row per routed row, each running the expert whose rows start there) computes exactly
+    what the expert grid does: empty experts first, last and between, an expert of two passes, int32 / int64
+    offsets; and it matches the reference."""
+    from cutlass_ext import native
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    if native.unavailable():
+        pytest.fail(native.unavailable())
+    base, fam = families.get("mma_decode_grouped"), families.get("mma_decode_grouped_rows")
+    e, n, k = 16, 72, 384
+    qw = _experts(fmt, e, n, k, rng).to("cuda")
+    w_hat = ht.dequantize_weight(qw.to("cpu"))
+    for counts in ([0, 0, 3, 0, 9] + [0] * 11, [1] + [0] * 15, [0] * 15 + [1], [1, 0, 2, 0, 1, 1, 0, 0, 4] + [0] * 7):
+        x, offsets = _routing(counts, k, rng, dtype)
+        ref = ht.reference_grouped_linear(x, qw.to("cpu"), offsets, out_dtype=torch.float32).double()
+        call = Call("grouped_linear", qw.scheme, dtype, x.shape[0], n, k, e)
+        assert fam.reason(call) is None
+        xc = x.cuda()
+        for off in (offsets.cuda(), offsets.to(torch.int32).cuda()):
+            for cfg in fam.candidates(call):
+                want = base.run(xc, off, qw, None, dtype, cfg, poison_like(torch.empty(x.shape[0], n, dtype=dtype,
+                                                                                     device="cuda")))
+                got = fam.run(xc, off, qw, None, dtype, cfg, poison_like(torch.empty(x.shape[0], n, dtype=dtype,
+                                                                                   device="cuda")))
+                assert torch.equal(got, want), f"{fmt} {counts} {cfg.describe()} {off.dtype}"
+                for j, (r0, r1) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+                    if r1 > r0:
+                        assert_linear_close(got[r0:r1].cpu(), ref[r0:r1], x[r0:r1].float(), w_hat[j], dtype,
+                                            f"{fmt} {counts} e{j} {cfg.describe()}")
 
 
 @pytest.mark.gpu
@@ -391,8 +445,11 @@ def test_dense_decode_kernel_registers(tmp_path):
     assert all(local == 0 for _, local in dense.values()), {a: v for a, v in dense.items() if v[1]}
     # the grouped kernel's four token tiles (32 rows per pass) fit the 128-register cap of 512 threads, no spills
     four = {args: (int(reg), int(local)) for name, args, reg, local in found
-            if "grouped" in name and re.search(r", 4, (true|false), [12]$", args)}
+            if "grouped" in name and re.search(r", 4, (true|false), [12], false$", args)}
     assert len(four) == 22 and all(local == 0 for _, local in four.values()), four
+    # the row grid (a template flag) is built for one token tile only, and the expert grid's builds keep theirs
+    rows = [args for name, args, _, _ in found if "grouped" in name and args.endswith("true")]
+    assert rows and all(re.search(r", 1, (true|false), [1-8], true$", a) for a in rows), rows
     # one token tile (NT = 1), no zero point, unroll 1 / 2: the configs the measured table picks at M = 1
     hot = {a: reg for a, (reg, _) in dense.items()
            if re.fullmatch(r"(__nv_bfloat16, (4|8|40|41)|__half, 18), 1, false, [12], false",

@@ -250,6 +250,12 @@ struct Params {
   const void* offsets;
   int offsets_i64;
   const float* out_scales;  // per expert (NVFP4 experts' global scales), or null: out_scale
+  int experts;
+  // grouped: 0, CTA row y of the grid runs expert y; 1, the grid has one CTA row per routed row (fewer rows than
+  // experts) and CTA row y runs the expert whose rows start at y, if any -- every non-empty expert starts at a
+  // distinct row, so no expert is missed and no CTA is launched for an expert without rows (decode: 8 routed rows
+  // of 128 experts launched 16x the CTAs that had work)
+  int row_grid;
 };
 
 // What one pass of the tile loop reads and writes: one expert's weight, up to 8 NT rows of x and y.
@@ -605,15 +611,32 @@ __global__ void __launch_bounds__(512, NT == 1 || half_chunk_x<KIND, NT, false>(
   decode_tile<T, KIND, NT, ZERO, U, false, XG>(p, v);
 }
 
-template <typename T, int KIND, int NT, bool ZERO, int U>
+__device__ __forceinline__ long long row_offset(const Params& p, int e) {
+  return p.offsets_i64 ? static_cast<const long long*>(p.offsets)[e] : static_cast<const int*>(p.offsets)[e];
+}
+
+// row_grid: the expert whose rows start at routed row y, or -1.  The expert holding row y is the number of experts
+// that end at or before it (offsets are sorted); the whole CTA counts them together, one barrier per blockDim experts.
+__device__ __forceinline__ int expert_starting_at(const Params& p, long long y) {
+  const int threads = blockDim.x * blockDim.y * blockDim.z;
+  const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  int ended = 0;
+  for (int base = 0; base < p.experts; base += threads) {
+    const int i = base + tid;
+    ended += __syncthreads_count(i < p.experts && row_offset(p, i + 1) <= y);
+  }
+  return ended < p.experts && row_offset(p, ended) == y ? ended : -1;
+}
+
+// ROWS: the row grid (p.row_grid), a kernel of its own so that the expert grid's build is unchanged (the lookup in
+// the same kernel took every grouped build 8-48 bytes more stack); one token tile only, where rows < experts.
+template <typename T, int KIND, int NT, bool ZERO, int U, bool ROWS>
 __global__ void __launch_bounds__(512, NT == 1 ? 2 : 1) decode_mma_grouped_kernel(const Params p) {
   constexpr int LOADS = code_loads(KIND);
   View v{p.w, p.row_scales, nullptr, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M, p.out_scale};
-  const int e = blockIdx.y;
-  const long long r0 = p.offsets_i64 ? static_cast<const long long*>(p.offsets)[e]
-                                     : static_cast<const int*>(p.offsets)[e];
-  const long long r1 = p.offsets_i64 ? static_cast<const long long*>(p.offsets)[e + 1]
-                                     : static_cast<const int*>(p.offsets)[e + 1];
+  const int e = ROWS ? expert_starting_at(p, blockIdx.y) : (int)blockIdx.y;
+  if (e < 0) return;  // no expert starts at this row: the whole CTA leaves together
+  const long long r0 = row_offset(p, e), r1 = row_offset(p, e + 1);
   if (r1 <= r0) return;  // no rows routed to this expert: the whole CTA leaves together
   const size_t tiles = (p.N + 15) / 16;
   v.w += (size_t)e * tiles * p.chunks * LOADS * 32;
@@ -642,12 +665,14 @@ cudaError_t launch(const Params& p, int experts, int kw, int tw, cudaStream_t st
     decode_mma_kernel<T, BITS, NT, ZERO, U, true><<<grid, block, smem, stream>>>(p);
   } else if constexpr (NT == 4) {  // 32 rows per pass: grouped launches only (dense M is at most 16)
     if (p.offsets == nullptr) return cudaErrorInvalidValue;
-    decode_mma_grouped_kernel<T, BITS, NT, ZERO, U><<<grid, block, smem, stream>>>(p);
+    decode_mma_grouped_kernel<T, BITS, NT, ZERO, U, false><<<grid, block, smem, stream>>>(p);
   } else {
     if (p.offsets == nullptr)
       decode_mma_kernel<T, BITS, NT, ZERO, U, false><<<grid, block, smem, stream>>>(p);
+    else if (p.row_grid)
+      decode_mma_grouped_kernel<T, BITS, NT, ZERO, U, NT == 1><<<grid, block, smem, stream>>>(p);
     else
-      decode_mma_grouped_kernel<T, BITS, NT, ZERO, U><<<grid, block, smem, stream>>>(p);
+      decode_mma_grouped_kernel<T, BITS, NT, ZERO, U, false><<<grid, block, smem, stream>>>(p);
   }
   return cudaGetLastError();
 }
@@ -702,8 +727,8 @@ cudaError_t pick_rest(const Params& p, int experts, int nt, bool zero, int unrol
 extern "C" {
 
 // 5: e8m0 block-scale codes carry 126 - j (repack); 6: one struct argument (ctypes converts each argument of a
-// call: 33 of them cost ~8 µs of host time per launch on this project's CPUs, a struct pointer ~1.3)
-int ht_decode_mma_abi() { return 6; }
+// call: 33 of them cost ~8 µs of host time per launch on this project's CPUs, a struct pointer ~1.3); 7: routed_rows
+int ht_decode_mma_abi() { return 7; }
 
 // One launch's arguments, in this order (cutlass_ext/native.py's DecodeCall mirrors it field for field).
 struct HtDecodeCall {
@@ -718,6 +743,7 @@ struct HtDecodeCall {
   const void* offsets;
   int offsets_i64, experts;
   const float* out_scales;
+  int routed_rows;  // grouped: the rows of x, when the grid should run over them (fewer than experts), else 0
   void* stream;
 };
 
@@ -733,7 +759,7 @@ struct HtDecodeCall {
 int ht_decode_mma(const HtDecodeCall* call) {
   const auto [device, dtype, bits, zero, unroll, kw, tw, w, x, scales, zeros, fp4_scales, bias, bias_dtype, y,
               out_dtype, M, N, K, ldx, ldy, group_chunks, groups, chunks_per_warp, out_scale, row_scales,
-              act_scales, act_ld, offsets, offsets_i64, experts, out_scales, stream] = *call;
+              act_scales, act_ld, offsets, offsets_i64, experts, out_scales, routed_rows, stream] = *call;
   if (M < 1 || M > (offsets == nullptr ? 16 : 32) || kw < 1 || tw < 1 || 32 * kw * tw > 512 || experts < 1)
     return cudaErrorInvalidValue;  // grouped launches: M is the rows per pass (8, 16 or 32)
   if (bits >= 40 && (dtype != 1 || zero)) return cudaErrorInvalidValue;  // e2m1: bf16 activations, no zero point
@@ -753,18 +779,23 @@ int ht_decode_mma(const HtDecodeCall* call) {
   Params p{static_cast<const uint4*>(w), x, static_cast<const float2*>(scales), static_cast<const float2*>(zeros),
            static_cast<const uint16_t*>(fp4_scales), bias, y, M, N, K, ldx, ldy, (K + 63) / 64, group_chunks, groups,
            chunks_per_warp, out_scale, row_scales, act_scales, act_ld, bias_dtype, out_dtype, offsets,
-           offsets_i64, out_scales};
+           offsets_i64, out_scales, experts, 0};
   const int nt = M <= 8 ? 1 : M <= 16 ? 2 : 4;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  int grid_y = experts;  // CTA rows of a grouped launch
+  if (offsets != nullptr && routed_rows > 0 && routed_rows < experts) {
+    if (nt != 1) return cudaErrorInvalidValue;  // the row grid is built for one token tile (8 rows per pass) only
+    p.row_grid = 1, grid_y = routed_rows;
+  }
   if (act_scales != nullptr)
     return bits == 18 ? pick_act_groups<18>(p, nt, unroll, kw, tw, s) : pick_act_groups<8>(p, nt, unroll, kw, tw, s);
-  if (dtype == 0 && bits == 4) return pick_rest<__half, 4>(p, experts, nt, zero, unroll, kw, tw, s);
-  if (dtype == 0 && bits == 8) return pick_rest<__half, 8>(p, experts, nt, zero, unroll, kw, tw, s);
-  if (dtype == 1 && bits == 4) return pick_rest<__nv_bfloat16, 4>(p, experts, nt, zero, unroll, kw, tw, s);
-  if (dtype == 1 && bits == 8) return pick_rest<__nv_bfloat16, 8>(p, experts, nt, zero, unroll, kw, tw, s);
-  if (dtype == 0 && bits == 18) return pick_rest<__half, 18>(p, experts, nt, false, unroll, kw, tw, s);
-  if (dtype == 1 && bits == 40) return pick_rest<__nv_bfloat16, 40>(p, experts, nt, false, unroll, kw, tw, s);
-  if (dtype == 1 && bits == 41) return pick_rest<__nv_bfloat16, 41>(p, experts, nt, false, unroll, kw, tw, s);
+  if (dtype == 0 && bits == 4) return pick_rest<__half, 4>(p, grid_y, nt, zero, unroll, kw, tw, s);
+  if (dtype == 0 && bits == 8) return pick_rest<__half, 8>(p, grid_y, nt, zero, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 4) return pick_rest<__nv_bfloat16, 4>(p, grid_y, nt, zero, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 8) return pick_rest<__nv_bfloat16, 8>(p, grid_y, nt, zero, unroll, kw, tw, s);
+  if (dtype == 0 && bits == 18) return pick_rest<__half, 18>(p, grid_y, nt, false, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 40) return pick_rest<__nv_bfloat16, 40>(p, grid_y, nt, false, unroll, kw, tw, s);
+  if (dtype == 1 && bits == 41) return pick_rest<__nv_bfloat16, 41>(p, grid_y, nt, false, unroll, kw, tw, s);
   return cudaErrorInvalidValue;
 }
 

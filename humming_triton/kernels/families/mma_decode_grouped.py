@@ -37,6 +37,7 @@ class MMADecodeGrouped(Family):
     name = "mma_decode_grouped"
     op = "grouped_linear"
     backend = "cuda"
+    row_grid = False  # the grid's CTA rows: one per expert (decode_mma.run_grouped's row_grid)
 
     def reason(self, call: Call) -> str | None:
         why = expert_call_reason(call)
@@ -76,10 +77,37 @@ class MMADecodeGrouped(Family):
         target = y if y.dtype in (torch.float16, torch.bfloat16, torch.float32) and y.stride(-1) == 1 else \
             torch.empty(t, n, dtype=torch.float32, device=x.device)
         dm.run_grouped(x, packed_experts(qw), offsets, bias, target, kw=cfg.split_k, tw=cfg.block_n // 16,
-                       unroll=cfg.num_stages, rows_per_pass=cfg.block_m, row_scales=row_scales)
+                       unroll=cfg.num_stages, rows_per_pass=cfg.block_m, row_scales=row_scales,
+                       row_grid=self.row_grid)
         if target is not y:
             y.copy_(target)
         return y
 
 
 register(MMADecodeGrouped())
+
+
+class MMADecodeGroupedRows(MMADecodeGrouped):
+    """``mma_decode_grouped_rows``: ``mma_decode_grouped``'s kernel and result with the grid over the routed rows
+    where there are fewer of them than experts: CTA row y runs the expert whose rows start at row y.  Why: one
+    decode token of Qwen3-30B-A3B routes 8 rows to 8 of 128 experts, and the expert grid launches 16x the CTAs
+    that have work (5760 of 6144 leave at once at 48 weight tiles per expert); with those gone, deeper K splits
+    (more warps per weight tile, fewer chunks each) are offered too.  Untimed: ``auto`` takes it only where a
+    device's measured table names it."""
+    name = "mma_decode_grouped_rows"
+    row_grid = True
+    _DEEP_K = [(8, 2, 1), (16, 1, 1), (8, 1, 2)]
+
+    def reason(self, call: Call) -> str | None:
+        why = super().reason(call)
+        if why is None and call.m >= call.experts:
+            why = (f"{call.m} routed rows for {call.experts} experts: the row grid runs only with fewer rows than "
+                   f"experts (else it is mma_decode_grouped's expert grid)")
+        return why
+
+    def candidates(self, call: Call) -> list[KernelConfig]:
+        return super().candidates(call) + [KernelConfig(self.name, 8, 16 * tw, 64, kw, 8, kw * tw, u)
+                                           for kw, tw, u in self._DEEP_K]
+
+
+register(MMADecodeGroupedRows())
