@@ -20,6 +20,8 @@
 #   ab      the native sweep (mma_decode, M = $AB_M, default 1,16) run with other builds of the library first
 #           ($AB_LIBS "name:path ...", default "old:$AB_LIB", e.g. the previous commit's kernels), then with this
 #           checkout's -- a same-run A/B of a kernel change                    -> ab_<name>.txt/json, ab_new.txt/json
+#   groupedprobe the grouped decode kernel at MoE mid-token rows: wide config sweep + ncu sections
+#           -> grouped_sweep.txt/json, grouped_ncu.txt
 #   ncu     ncu --set full of $NCU_LAUNCHES (native_probe --launches): sections and per-SASS stalls
 #                                                                 -> decode.ncu-rep, ncu.txt, ncu_sass.csv
 #   cutlass the sm_90a CUTLASS mixed-input GEMMs: load the carried build (else build here, 16 jobs), their GPU tests,
@@ -117,6 +119,14 @@ for step in $STEPS; do
       limited ${NATIVE_SWEEP_S:-120} python3 scripts/native_probe.py --sweep --out "$OUT/native_sweep.json" > "$OUT/native_sweep.txt" 2>&1
       limited ${NATIVE_ACT_S:-100} python3 scripts/native_probe.py --family mma_decode_act --sweep \
         --out "$OUT/native_act_sweep.json" > "$OUT/native_act_sweep.txt" 2>&1 ;;
+    groupedprobe)  # the grouped decode kernel at MoE mid-token rows: a wide config sweep, then ncu sections of
+                   # $GROUPED_LAUNCHES (scripts/grouped_probe.py)         -> grouped_sweep.txt/json, grouped_ncu.txt
+      stamp groupedprobe
+      limited ${GROUPED_SWEEP_S:-200} python3 scripts/grouped_probe.py --sweep --out "$OUT/grouped_sweep.json" \
+        > "$OUT/grouped_sweep.txt" 2>&1
+      limited ${GROUPED_NCU_S:-120} ncu --clock-control none -k regex:decode_mma --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+        python3 scripts/grouped_probe.py ${GROUPED_LAUNCHES:+--launches "$GROUPED_LAUNCHES"} > "$OUT/grouped_ncu.txt" 2>&1 ;;
     ncu)  # stall reasons per SASS instruction of $NCU_LAUNCHES (native_probe --launches), and the sections
       stamp ncu
       limited ${NCU_S:-150} ncu --clock-control none -k regex:decode_mma --set full --import-source yes \
