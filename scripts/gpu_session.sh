@@ -177,10 +177,10 @@ for step in $STEPS; do
                # memcheck over all of them, racecheck over the split-K and grouped ones (issue 15)
       stamp families
       # FAMILIES_SHARDS=N: N memcheck processes in parallel, each over every N-th path (one run of all of them
-      # outlasted 150 s at 0177666)
-      n=${FAMILIES_SHARDS:-1}
+      # outlasted 150 s at 0177666; four shards of 150 s covered 393 paths and were all cut off at 44c86d2, H100)
+      n=${FAMILIES_SHARDS:-8}
       for i in $(seq 0 $((n - 1))); do
-        ( timeout -k 5 ${FAMILIES_MEMCHECK_S:-150} compute-sanitizer --tool memcheck \
+        ( timeout -k 5 ${FAMILIES_MEMCHECK_S:-240} compute-sanitizer --tool memcheck \
             python3 scripts/sanitize_probe.py --shard $i/$n > "$OUT/memcheck_shard_$i.txt" 2>&1
           echo "(memcheck shard $i/$n exit $?)" >> "$OUT/memcheck_shard_$i.txt" ) &
       done
