@@ -66,7 +66,7 @@ _ACT_QUANT_SCRIPT = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from humming_triton.kernels._act_quant import act_quant_f32_kernel, act_quant_kernel
+from humming_triton.kernels._act_quant import act_quant_f32_kernel, act_quant_kernel, act_quant_mx_rows_kernel
 
 def ptx(fn, consts, ptrs, warps=4):
     names = fn.arg_names
@@ -86,16 +86,19 @@ for int8 in (False, True):
             p = ptx(act_quant_f32_kernel, dict(INT8=int8, GROUP_K=group, GROUPS=groups, BLOCK_K=block,
                                                CODE_VALUES=False), {"x_ptr": xt, "codes_ptr": "*u8", "scales_ptr": "*fp32"})
             print("f32", int8, xt, "div.rn.f32" in p, approx(p))
+for xt in ("*fp16", "*bf16"):  # MXFP4 rows as e4m3: the block scales' IEEE float64 division, as act_quant_kernel's
+    p = ptx(act_quant_mx_rows_kernel, dict(BLOCK_K=1024), {"x_ptr": xt, "codes_ptr": "*u8", "rs_ptr": "*fp32"})
+    print("mx", xt, "div.rn.f64" in p, approx(p))
 """
 
 
 def test_activation_quantizer_divides_exactly_on_hopper():
     """The quantizers must round the quotient the reference's way: IEEE division (float64 for the block-scaled
     formats; fp32 with an exact float64 residual for fp32 scales), never the approximate fp32 one Triton emits
-    for a plain fp32 '/' on the GPU."""
+    for a plain fp32 '/' on the GPU (the MXFP4 row quantizer included)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", _ACT_QUANT_SCRIPT], capture_output=True, text=True, env=env,
                          timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
-    assert len(lines) == 21 and all(line.endswith("True False") for line in lines), lines
+    assert len(lines) == 23 and all(line.endswith("True False") for line in lines), lines

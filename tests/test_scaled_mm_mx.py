@@ -1,8 +1,10 @@
-"""W4A8-MXFP4 as an exact e4m3 weight on cuBLASLt's fp8 GEMM (family ``scaled_mm_mx``, torch backend).
+"""W4A8-MXFP4 as an exact e4m3 weight on cuBLASLt's fp8 GEMM (family ``scaled_mm_mx``, torch backend), and
+W4A4-MXFP4 with its activations as e4m3 rows too (``scaled_mm_w4a4``).
 
 CPU: the converted weight holds exactly the MXFP4 values (bit for bit after the row scale), rows too wide for
-e4m3 are named, NaN block scales stay NaN in their row.  GPU (``-m gpu``): the family against the reference, and
-the fallback of a too-wide weight."""
+e4m3 are named, NaN block scales stay NaN in their row; the activation row quantizer (interpreter) is its torch
+twin byte for byte, exact within 14 binades and within its stated bound beyond.  GPU (``-m gpu``): the families
+against the reference, the quantizer on the GPU against its twin, and the fallback of a too-wide weight."""
 import warnings
 
 import pytest
@@ -13,13 +15,31 @@ from humming_triton.kernels.families.scaled_mm_mx import MAX_SPAN, as_e4m3_rows
 from humming_triton.testing import assert_linear_close, poison_like
 
 
-def _weight(n, k, rng, spread=0):
+def _ramp(k, spread):
+    """Per-column factors whose 32-wide blocks ramp over ``spread`` binades along K."""
+    return torch.exp2(torch.linspace(0, spread, k // 32)).repeat_interleave(32)
+
+
+def _weight(n, k, rng, spread=0, scheme="w4a8-mxfp4"):
     """An MXFP4 weight; ``spread``: blocks' magnitudes ramp over that many binades along K."""
     w = torch.randn(n, k, generator=rng) * 0.05
     if spread:
-        ramp = torch.exp2(torch.linspace(0, spread, k // 32)).repeat_interleave(32)
-        w = w * ramp
-    return ht.quantize_weight(w, "w4a8-mxfp4", bias=torch.randn(n, generator=rng))
+        w = w * _ramp(k, spread)
+    return ht.quantize_weight(w, scheme, bias=torch.randn(n, generator=rng))
+
+
+def _mx_activations(m, k, rng):
+    """bf16 activations with the cases the row form must get right: a row whose blocks span more than 14
+    binades, an all-zero row, a partly zero block, a NaN, an Inf, a tiny row, an outlier column."""
+    x = torch.randn(m, k, generator=rng)
+    x[1] *= _ramp(k, -24)
+    x[2] = 0
+    x[3, 40:64] = 0
+    x[4, 5] = float("nan")
+    x[5, k - 1] = float("-inf")
+    x[6] *= 1e-30
+    x[:, 7] *= 300.0
+    return x.to(torch.bfloat16)
 
 
 @pytest.mark.parametrize("shape,spread", [((48, 256), 0), ((100, 1024), 6), ((16, 64), 0)], ids=str)
@@ -67,8 +87,78 @@ def test_family_reasons():
     assert "multiple of 16" in fam.reason(call("w4a8-mxfp4", n=4100))
 
 
+def test_mx_rows_quantizer_is_its_torch_twin(rng):
+    """The Triton quantizer (interpreter here) writes the torch twin's bytes and scales exactly."""
+    from humming_triton.kernels.dense import mx_rows_reference, triton_quantize_mx_rows
+    spec = ht.QuantScheme.parse("w4a4-mxfp4").act
+    for m, k in ((9, 320), (1, 32), (8, 2080)):
+        x = _mx_activations(max(m, 8), k, rng)[:m]
+        codes, scales = triton_quantize_mx_rows(x, spec)
+        ref_codes, ref_scales = mx_rows_reference(x, spec)
+        assert codes.shape == (m, k) and scales.shape == (m, 1)
+        assert torch.equal(codes, ref_codes), f"{m}x{k}: {(codes != ref_codes).nonzero()[:5].tolist()}"
+        assert torch.equal(scales.isnan(), ref_scales.isnan())
+        assert torch.equal(scales.nan_to_num(), ref_scales.nan_to_num())
+
+
+def test_mx_rows_hold_the_reference_activation(rng):
+    """Codes times row scale are the reference's dequantized MXFP4 activation: exactly for rows whose live
+    blocks span at most 14 binades, within 2**-16 of the row's largest block scale beyond; a row holding a NaN
+    or an Inf has a NaN scale (its GEMM row is NaN, as the reference's)."""
+    from humming_triton.kernels.dense import MX_ROW_SPAN, mx_rows_reference
+    spec = ht.QuantScheme.parse("w4a4-mxfp4").act
+    x = _mx_activations(12, 1024, rng)
+    x[8] = (torch.randn(1024, generator=rng) * _ramp(1024, MX_ROW_SPAN)).bfloat16()  # the widest exact span
+    codes, scales = mx_rows_reference(x, spec)
+    q = ht.quantize_activation(x, spec)
+    ref = ht.dequantize_activation(q).double()
+    got = codes.view(torch.float8_e4m3fn).double() * scales.double()
+    live_e = torch.where(q.values().reshape(12, -1, 32).ne(0).any(-1), q.scales.double() - 127, -torch.inf)
+    span = (live_e.amax(-1) - live_e.amin(-1)).nan_to_num(0.0)  # an all-zero row has no live block
+    assert scales[4].isnan() and scales[5].isnan() and ref[4].isnan().any() and ref[5].isnan().any()
+    for i in range(12):
+        if i in (4, 5):
+            continue
+        if span[i] <= MX_ROW_SPAN:
+            assert torch.equal(got[i], ref[i]), f"row {i} (span {span[i]})"
+        else:
+            bound = 2.0 ** (float(live_e[i].max()) - 16)
+            assert float((got[i] - ref[i]).abs().max()) <= bound, f"row {i}"
+    assert not torch.equal(got[1], ref[1])  # the 24-binade row does exercise the rounding
+    assert span[8] == MX_ROW_SPAN and span[1] > MX_ROW_SPAN
+
+
+def test_w4a4_family_reasons():
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    fam = families.get("scaled_mm_w4a4")
+
+    def call(scheme, dev="cuda"):
+        return Call("quant_linear", ht.QuantScheme.parse(scheme), torch.bfloat16, 256, 4096, 4096, device_type=dev)
+
+    assert fam.backend == "torch" and fam.mma(call("w4a4-mxfp4")) == "fp8"
+    assert fam.reason(call("w4a4-mxfp4")) is None
+    assert "CUDA" in fam.reason(call("w4a4-mxfp4", dev="cpu"))
+    assert "MXFP4 activations" in fam.reason(call("w4a4-nvfp4"))
+    assert "MXFP4 activations" in fam.reason(call("w4a8-mxfp4"))
+    assert "per-token e4m3" in families.get("scaled_mm_mx").reason(call("w4a4-mxfp4"))
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["scaled_mm_mx", "scaled_mm"])
+def test_mx_rows_quantizer_on_the_gpu(rng):
+    from humming_triton.kernels.dense import mx_rows_reference, triton_quantize_mx_rows
+    spec = ht.QuantScheme.parse("w4a4-mxfp4").act
+    for m, k in ((13, 4096), (300, 2080), (1, 8192)):
+        x = _mx_activations(max(m, 8), k, rng)[:m]
+        codes, scales = triton_quantize_mx_rows(x.cuda(), spec)
+        ref_codes, ref_scales = mx_rows_reference(x, spec)
+        assert torch.equal(codes.cpu(), ref_codes), f"{m}x{k}"
+        assert torch.equal(scales.cpu().nan_to_num(), ref_scales.nan_to_num())
+        assert torch.equal(scales.cpu().isnan(), ref_scales.isnan())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["scaled_mm_mx", "scaled_mm", "scaled_mm_w4a4"])
 @pytest.mark.parametrize("m", [1, 16, 300])
 @pytest.mark.parametrize("out_dtype,bias_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
                                                   (torch.float16, torch.float16), (torch.float32, None)], ids=str)
@@ -82,6 +172,8 @@ def test_family_matches_reference(family, m, out_dtype, bias_dtype, rng):
     fam = families.get(family)
     if family == "scaled_mm_mx":
         qw = _weight(1040, 2048, rng, spread=5)
+    elif family == "scaled_mm_w4a4":
+        qw = _weight(1040, 2048, rng, spread=5, scheme="w4a4-mxfp4")
     else:
         qw = ht.quantize_weight(torch.randn(1040, 2048, generator=rng) * 0.05, "w8a8-fp8")
     bias = None if bias_dtype is None else torch.randn(1040, generator=rng).to(bias_dtype)

@@ -121,6 +121,63 @@ def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_
 
 
 @triton.jit
+def e2m1_value(code):
+    """The float64 value of an e2m1 code (sign bit 8; magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6)."""
+    m = (code & 7).to(tl.float64)
+    v = tl.where(m < 4.0, m * 0.5, tl.where(m < 6.0, m - 2.0, (m - 4.0) * 2.0))
+    return tl.where((code & 8) != 0, -v, v)
+
+
+@triton.jit
+def pow2_f64(e):
+    """2**e as float64 for integer e in [-1022, 1023], exact (the exponent field written directly)."""
+    return ((e.to(tl.int64) + 1023) << 52).to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def act_quant_mx_rows_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_cm, BLOCK_K: tl.constexpr):
+    """MXFP4 activations (e2m1 codes, an e8m0 scale per 32 of K: the reference's quantization, code for code)
+    written as e4m3 codes with one fp32 power-of-two scale per row, for fp8 GEMMs with row-wise scales.
+
+    Row scale 2**r with r = e_row - 6, e_row the largest block exponent of the row (that of its finite amax: the
+    block exponent grows with the block amax).  Each value code * 2**e is stored as code * 2**(e - r): exact on
+    e4m3's grid for e - r in [-8, 6] (6 * 2**6 = 384 <= 448; 0.5 * 2**-8 is e4m3's smallest subnormal), i.e. for
+    blocks within 14 binades of the row's largest.  A block further below is rounded to nearest on that grid:
+    each of its values moves by at most 2**-10 * 2**r = 2**-16 * 2**e_row, below 2**-18 of the row's largest
+    value.  Non-finite inputs: the row scale is NaN (the reference gives that group a NaN scale, so the GEMM row
+    is NaN) and the group's codes are zero.  One program per row, two passes over BLOCK_K-wide chunks."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_xm
+    GROUPS: tl.constexpr = BLOCK_K // 32
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    nonfinite = tl.zeros((BLOCK_K,), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        ax = tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32))
+        finite = ax < float("inf")  # false for +-inf and NaN
+        amax = tl.maximum(amax, tl.where(finite, ax, 0.0))
+        nonfinite = tl.maximum(nonfinite, tl.where(finite, 0, 1))
+    # (each unused divisor has a name of its own: one shared '_' is a loop-carried variable that changes type)
+    e_row, row_divisor = block_scale(tl.max(amax, axis=0), 1.0, 6.0, 1)  # biased e8m0 code
+    r = e_row - 127 - 6
+    scale = tl.where(tl.max(nonfinite, axis=0) > 0, float("nan"), pow2_f64(r).to(tl.float32))
+    tl.store(rs_ptr + row, scale)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, GROUPS)[:, None] * 32 + tl.arange(0, 32)[None, :]
+        x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+        ax = tl.abs(x)
+        finite = ax < float("inf")
+        bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
+        code_e, block_divisor = block_scale(tl.max(tl.where(finite, ax, 0.0), axis=1), 1.0, 6.0, 1)
+        e = code_e - 127
+        q = tl.where(bad[:, None], 0.0, x.to(tl.float64)) * pow2_f64(-e)[:, None]  # exact: a power of two
+        c = round_to_e2m1(q)
+        v = round_to_e4m3(tl.abs(e2m1_value(c)) * pow2_f64(e - r)[:, None])
+        byte = e4m3_code(v) | tl.where((c & 8) != 0, 128, 0)
+        tl.store(codes_ptr + row * stride_cm + offs, byte.to(tl.uint8), mask=offs < K)
+
+
+@triton.jit
 def _fp32_codes(x, s, INT8: tl.constexpr, F32_COMPARE: tl.constexpr = False):
     """x / s (fp32 x, fp32 scales > 0, per group: [GROUPS, 1] or a scalar) -> e4m3 (or int8) code *values* as
     fp32: the reference's round-to-nearest-even of the exact quotient, saturating at 448 (int8: [-128, 127]),

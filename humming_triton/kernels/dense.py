@@ -143,6 +143,59 @@ def triton_quantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: to
     return QuantActivation(codes, scales, spec, gscale)
 
 
+MX_ROW_SPAN = 14  # binades below a row's largest MXFP4 block that e4m3 row codes still hold exactly
+
+
+def mx_rows_reason(spec: ActQuant | None) -> str | None:
+    """None where ``spec`` is dynamic MXFP4 activations (e2m1 codes, e8m0 scales per 32 of K, no global scale),
+    the quantization ``triton_quantize_mx_rows`` writes as e4m3 rows, else why not."""
+    if spec is None or str(spec.dtype) != "e2m1" or str(spec.scale_dtype) != "e8m0" or spec.group_k != 32 \
+            or spec.static or spec.global_scale:
+        return f"e4m3 rows are made from dynamic MXFP4 activations (e2m1, e8m0 per 32), not {spec}"
+    return None
+
+
+def triton_quantize_mx_rows(x2: torch.Tensor, spec: ActQuant) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` -> (e4m3 codes uint8 [M, K], fp32 power-of-two row scales [M, 1]): the MXFP4 quantization of
+    ``spec`` (``formats.activation.quantize_activation``, code for code), each value re-expressed on e4m3's grid
+    against its row's scale -- exact for blocks within ``MX_ROW_SPAN`` binades of the row's largest, nearest
+    below that (``_act_quant.act_quant_mx_rows_kernel``; ``mx_rows_reference`` is the torch twin).  One launch."""
+    from ._act_quant import act_quant_mx_rows_kernel
+    why = mx_rows_reason(spec)
+    if why:
+        raise ValueError(why)
+    m, k = x2.shape
+    check_act_group(spec, k)
+    codes = torch.empty(m, k, dtype=torch.uint8, device=x2.device)
+    scales = torch.empty(m, 1, dtype=torch.float32, device=x2.device)
+    if m:
+        block = max(32, min(1024, triton.next_power_of_2(k)))
+        act_quant_mx_rows_kernel[(m,)](x2, codes, scales, k, x2.stride(0), codes.stride(0), BLOCK_K=block,
+                                       num_warps=4)
+    return codes, scales
+
+
+def mx_rows_reference(x2: torch.Tensor, spec: ActQuant) -> tuple[torch.Tensor, torch.Tensor]:
+    """``triton_quantize_mx_rows`` in torch, from the reference quantizer's own codes and scales."""
+    from ..formats.activation import finite_amax, quantize_activation
+    from ..formats.quantize import round_scale
+    why = mx_rows_reason(spec)
+    if why:
+        raise ValueError(why)
+    q = quantize_activation(x2, spec)
+    k = x2.shape[-1]
+    bad = q.scales.eq(255).any(-1)
+    ideal = finite_amax(x2.detach().double(), -1) / 6.0
+    e_row, _ = round_scale(torch.where(ideal > 0, ideal, torch.ones_like(ideal)), spec.scale_dtype)
+    r = e_row.long() - 127 - 6
+    e = (q.scales.long() - 127).repeat_interleave(32, dim=-1)[..., :k]
+    v = torch.ldexp(q.values().double(), e - r[:, None])  # bad groups: zero codes stay zero
+    codes = v.float().to(torch.float8_e4m3fn).view(torch.uint8)
+    scales = torch.ldexp(torch.ones_like(r, dtype=torch.float64), r).float()
+    scales = torch.where(bad, torch.full_like(scales, float("nan")), scales)
+    return codes, scales[:, None]
+
+
 def quantize_activation_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` -> (its dynamic e4m3 / int8 codes as ``dtype`` values [M, K], fp32 scales [M, groups]; one
     group for per-token scales): the codes ``triton_quantize_activation`` makes (the same kernel), stored as

@@ -18,13 +18,17 @@ class RowwiseFP8(Family):
     def weight_reason(self, call: Call) -> str | None:
         raise NotImplementedError
 
+    def act_reason(self, call: Call) -> str | None:
+        """Why the call's activations cannot feed the GEMM (this default: dynamic per-token e4m3 only)."""
+        a = call.scheme.act
+        if a is None or str(a.dtype) != "e4m3fn" or not a.per_token or a.group_k or a.static or a.global_scale:
+            return f"{call.scheme.name}: _scaled_mm takes dynamic per-token e4m3 activations"
+        return None
+
     def reason(self, call: Call) -> str | None:
-        s, a = call.scheme, call.scheme.act
         if call.device_type != "cuda":
             return "torch._scaled_mm needs a CUDA GPU"
-        if a is None or str(a.dtype) != "e4m3fn" or not a.per_token or a.group_k or a.static or a.global_scale:
-            return f"{s.name}: _scaled_mm takes dynamic per-token e4m3 activations"
-        why = self.weight_reason(call)
+        why = self.act_reason(call) or self.weight_reason(call)
         if why:
             return why
         if call.act_order:
@@ -55,24 +59,27 @@ class ScaledMM(RowwiseFP8):
         return rowwise_fp8(x2, qw, w, qw.scales.reshape(1, -1), bias, out_dtype, out)
 
 
-def rowwise_fp8(x2, qw, w, w_scales, bias, out_dtype, out):
+def rowwise_fp8(x2, qw, w, w_scales, bias, out_dtype, out, act=None):
     """Our e4m3 activation quantizer, then ``torch._scaled_mm`` on ``w`` (e4m3 [N, K], K-contiguous) with fp32
-    ``w_scales`` [1, N]: fast accumulation off (the fp8 standard).
+    ``w_scales`` [1, N]: fast accumulation off (the fp8 standard).  ``act``: the activations already as (e4m3
+    codes [M, K] uint8, fp32 row scales [M, 1]) instead.
 
     Row-wise scaling writes bf16 with a bf16 bias only, so it runs when the call wants exactly that.  Any other
     output or bias type takes cuBLASLt's fp32 sums (unit scales) and applies the scales and the bias in fp32:
     nothing rounds through bf16 on the way (an fp32 bias or an fp16 / fp32 output would lose bits there)."""
     from ..dense import check_act_group, triton_quantize_activation
-    check_act_group(qw.scheme.act, qw.K)
-    q = triton_quantize_activation(x2, qw.scheme.act, qw.input_scale)
-    a = q.codes.view(torch.float8_e4m3fn)
+    if act is None:
+        check_act_group(qw.scheme.act, qw.K)
+        q = triton_quantize_activation(x2, qw.scheme.act, qw.input_scale)
+        act = (q.codes, q.scales)
+    a, a_scales = act[0].view(torch.float8_e4m3fn), act[1]
     if out_dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16):
-        y = torch._scaled_mm(a, w.t(), scale_a=q.scales, scale_b=w_scales, bias=bias, out_dtype=torch.bfloat16,
+        y = torch._scaled_mm(a, w.t(), scale_a=a_scales, scale_b=w_scales, bias=bias, out_dtype=torch.bfloat16,
                              use_fast_accum=False)
     else:
         one = torch.ones((), dtype=torch.float32, device=a.device)
         y = torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=False)
-        y = y.mul_(q.scales).mul_(w_scales)
+        y = y.mul_(a_scales).mul_(w_scales)
         if bias is not None:
             y = y.add_(bias.float())
     return out.copy_(y) if out is not None else y.to(out_dtype)
