@@ -87,8 +87,10 @@ for int8 in (False, True):
                                                CODE_VALUES=False), {"x_ptr": xt, "codes_ptr": "*u8", "scales_ptr": "*fp32"})
             print("f32", int8, xt, "div.rn.f32" in p, approx(p))
 for xt in ("*fp16", "*bf16"):  # MXFP4 rows as e4m3: the block scales' IEEE float64 division, as act_quant_kernel's
-    p = ptx(act_quant_mx_rows_kernel, dict(BLOCK_K=1024), {"x_ptr": xt, "codes_ptr": "*u8", "rs_ptr": "*fp32"})
-    print("mx", xt, "div.rn.f64" in p, approx(p))
+    for ct in ("*u8", "*bf16"):  # bytes for _scaled_mm, bf16 code values for the decode kernel
+        p = ptx(act_quant_mx_rows_kernel, dict(BLOCK_K=1024, CODE_VALUES=ct != "*u8"),
+                {"x_ptr": xt, "codes_ptr": ct, "rs_ptr": "*fp32"})
+        print("mx", xt, ct, "div.rn.f64" in p, approx(p))
 """
 
 
@@ -101,4 +103,4 @@ def test_activation_quantizer_divides_exactly_on_hopper():
                          timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
-    assert len(lines) == 23 and all(line.endswith("True False") for line in lines), lines
+    assert len(lines) == 25 and all(line.endswith("True False") for line in lines), lines

@@ -135,7 +135,8 @@ def pow2_f64(e):
 
 
 @triton.jit
-def act_quant_mx_rows_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_cm, BLOCK_K: tl.constexpr):
+def act_quant_mx_rows_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_cm, BLOCK_K: tl.constexpr,
+                             CODE_VALUES: tl.constexpr = False):
     """MXFP4 activations (e2m1 codes, an e8m0 scale per 32 of K: the reference's quantization, code for code)
     written as e4m3 codes with one fp32 power-of-two scale per row, for fp8 GEMMs with row-wise scales.
 
@@ -145,7 +146,9 @@ def act_quant_mx_rows_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_cm, 
     blocks within 14 binades of the row's largest.  A block further below is rounded to nearest on that grid:
     each of its values moves by at most 2**-10 * 2**r = 2**-16 * 2**e_row, below 2**-18 of the row's largest
     value.  Non-finite inputs: the row scale is NaN (the reference gives that group a NaN scale, so the GEMM row
-    is NaN) and the group's codes are zero.  One program per row, two passes over BLOCK_K-wide chunks."""
+    is NaN) and the group's codes are zero.  One program per row, two passes over BLOCK_K-wide chunks.
+    CODE_VALUES: store each code's value in the 16-bit float type of ``codes_ptr`` (exact: e4m3 is a subset of
+    fp16 and of bf16), for the decode kernel on code values."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
     GROUPS: tl.constexpr = BLOCK_K // 32
@@ -173,8 +176,11 @@ def act_quant_mx_rows_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_cm, 
         q = tl.where(bad[:, None], 0.0, x.to(tl.float64)) * pow2_f64(-e)[:, None]  # exact: a power of two
         c = round_to_e2m1(q)
         v = round_to_e4m3(tl.abs(e2m1_value(c)) * pow2_f64(e - r)[:, None])
-        byte = e4m3_code(v) | tl.where((c & 8) != 0, 128, 0)
-        tl.store(codes_ptr + row * stride_cm + offs, byte.to(tl.uint8), mask=offs < K)
+        if CODE_VALUES:
+            out = tl.where((c & 8) != 0, -v, v).to(tl.float32).to(codes_ptr.dtype.element_ty)  # exact both steps
+        else:
+            out = (e4m3_code(v) | tl.where((c & 8) != 0, 128, 0)).to(tl.uint8)
+        tl.store(codes_ptr + row * stride_cm + offs, out, mask=offs < K)
 
 
 @triton.jit

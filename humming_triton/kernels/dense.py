@@ -155,23 +155,27 @@ def mx_rows_reason(spec: ActQuant | None) -> str | None:
     return None
 
 
-def triton_quantize_mx_rows(x2: torch.Tensor, spec: ActQuant) -> tuple[torch.Tensor, torch.Tensor]:
+def triton_quantize_mx_rows(x2: torch.Tensor, spec: ActQuant,
+                            values: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` -> (e4m3 codes uint8 [M, K], fp32 power-of-two row scales [M, 1]): the MXFP4 quantization of
     ``spec`` (``formats.activation.quantize_activation``, code for code), each value re-expressed on e4m3's grid
     against its row's scale -- exact for blocks within ``MX_ROW_SPAN`` binades of the row's largest, nearest
-    below that (``_act_quant.act_quant_mx_rows_kernel``; ``mx_rows_reference`` is the torch twin).  One launch."""
+    below that (``_act_quant.act_quant_mx_rows_kernel``; ``mx_rows_reference`` is the torch twin).  One launch.
+    ``values`` (fp16 / bf16): the codes' values in that type instead of their bytes (exact)."""
     from ._act_quant import act_quant_mx_rows_kernel
     why = mx_rows_reason(spec)
     if why:
         raise ValueError(why)
     m, k = x2.shape
     check_act_group(spec, k)
-    codes = torch.empty(m, k, dtype=torch.uint8, device=x2.device)
+    if values not in (None, torch.float16, torch.bfloat16):
+        raise ValueError(f"code values are fp16 / bf16, not {values}")
+    codes = torch.empty(m, k, dtype=values or torch.uint8, device=x2.device)
     scales = torch.empty(m, 1, dtype=torch.float32, device=x2.device)
     if m:
         block = max(32, min(1024, triton.next_power_of_2(k)))
         act_quant_mx_rows_kernel[(m,)](x2, codes, scales, k, x2.stride(0), codes.stride(0), BLOCK_K=block,
-                                       num_warps=4)
+                                       CODE_VALUES=values is not None, num_warps=4)
     return codes, scales
 
 

@@ -1,5 +1,6 @@
 """``mma_decode_act``: the quantized-activation schemes (W8A8 / W4A8 with dynamic e4m3 or int8 activations, per
-token or per group of K) at decode sizes, M <= 16, on the native decode GEMM of ``mma_decode``.
+token or per group of K; W4A4-MXFP4 with its activations as e4m3 rows, ``dense.triton_quantize_mx_rows``) at
+decode sizes, M <= 16, on the native decode GEMM of ``mma_decode``.
 
 One Triton launch quantizes the activations to their codes, stored as 16-bit values (exact: e4m3 and int8 are
 subsets of fp16 and bf16); the decode kernel multiplies them by the weight's codes on fp16 / bf16 tensor cores
@@ -17,7 +18,7 @@ from cutlass_ext import decode_mma as dm
 
 from ...calls import Call, KernelConfig
 from . import register
-from ..dense import quantize_activation_values
+from ..dense import mx_rows_reason, quantize_activation_values, triton_quantize_mx_rows
 from .mma_decode import MAX_M, MMADecode, packed_view
 
 
@@ -51,7 +52,8 @@ class MMADecodeAct(MMADecode):
     def reason(self, call: Call) -> str | None:
         if call.op != "quant_linear" or call.experts:
             return "the native decode kernel runs dense linear layers"
-        why = act_reason(call.scheme, call.k)
+        # MXFP4 activations (W4A4-MXFP4) run as e4m3 rows (dense.triton_quantize_mx_rows): a scale per row
+        why = None if mx_rows_reason(call.scheme.act) is None else act_reason(call.scheme, call.k)
         if why:
             return f"{call.scheme.name}: {why}"
         if call.m > MAX_M:
@@ -74,6 +76,11 @@ class MMADecodeAct(MMADecode):
     def launch(self, x2, qw, bias, target, cfg: KernelConfig) -> None:
         """Quantize ``x2`` to its code values, then the kernel with the activations' scales."""
         act = qw.scheme.act
+        if mx_rows_reason(act) is None:  # MXFP4 activations: e4m3 rows, one power-of-two scale per row
+            codes, scales = triton_quantize_mx_rows(x2, act, code_dtype(qw.scheme))
+            dm.run(codes, packed_view(qw, None), bias, target, kw=cfg.split_k, tw=cfg.block_n // 16,
+                   unroll=cfg.num_stages, row_scales=scales.view(-1))
+            return
         codes, scales = quantize_activation_values(x2, act, code_dtype(qw.scheme))
         grouped = bool(act.group_k) and act.group_k != qw.K
         dm.run(codes, packed_view(qw, act.group_k if grouped else None), bias, target, kw=cfg.split_k,
