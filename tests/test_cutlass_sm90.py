@@ -593,7 +593,7 @@ def test_mx_e4m3_emulated_matches_reference(shape, dtype, rng):
 
 
 def test_mx_e4m3_wide_rows_have_no_view(rng):
-    """A row whose block exponents span more than 8 binades is no e4m3 row: the family says so (and its run
+    """A row whose block exponents span more than 14 binades is no e4m3 row: the family says so (and its run
     would take dequant_mm)."""
     qw = _weight("mxfp4", 8, 256, rng)
     scales = qw.scales.clone()

@@ -42,7 +42,7 @@ def _mx_activations(m, k, rng):
     return x.to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("shape,spread", [((48, 256), 0), ((100, 1024), 6), ((16, 64), 0)], ids=str)
+@pytest.mark.parametrize("shape,spread", [((48, 256), 0), ((100, 1024), 6), ((16, 64), 0), ((40, 2048), 11)], ids=str)
 def test_conversion_is_exact(shape, spread, rng):
     qw = _weight(*shape, rng, spread)
     view = as_e4m3_rows(qw)

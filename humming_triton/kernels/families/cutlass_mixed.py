@@ -186,11 +186,11 @@ register(CutlassMixedShuffled())
 class CutlassMXE4M3(CutlassMixed):
     """``cutlass_mx_e4m3``: MXFP4 weights on the e4m3 CUTLASS kernels (formats 6 / 7: e4m3 codes, an fp32 row scale
     on the accumulator), by the exact change of format of ``scaled_mm_mx.as_e4m3_rows`` -- each block's e2m1
-    values times 2^(block exponent - row exponent) are e4m3 values, the row exponent the row scale.  Why: MXFP4's
-    32-wide e8m0 groups have no CUTLASS mainloop (e2m1 is no mixed-input type of CUTLASS 4.2), and the e4m3 kernel
-    runs at int8 speed (w8a16-fp8 8192^2 M = 256: 56 us against dequantize + cuBLAS's 104 for MXFP4).  Costs one
-    byte per weight, cached (the same view ``scaled_mm_mx`` uses).  A weight whose rows span more than 8 binades
-    of block exponents runs through ``dequant_mm`` (with a warning)."""
+    values times 2^(block exponent - row exponent + 6) are e4m3 values, 2^(row exponent - 6) the row scale.
+    Why: MXFP4's 32-wide e8m0 groups have no CUTLASS mainloop (e2m1 is no mixed-input type of CUTLASS 4.2), and
+    the e4m3 kernel runs at int8 speed (w8a16-fp8 8192^2 M = 256: 56 us against dequantize + cuBLAS's 104 for
+    MXFP4).  Costs one byte per weight, cached (the same view ``scaled_mm_mx`` uses).  A weight whose rows span
+    more than 14 binades of block exponents runs through ``dequant_mm`` (with a warning)."""
     name = "cutlass_mx_e4m3"
 
     def weight_reason(self, call: Call) -> str | None:

@@ -1,8 +1,9 @@
 """``scaled_mm_mx`` (torch backend): W4A8-MXFP4 on cuBLASLt's fp8 GEMM, by an exact change of weight format.
 
-An MXFP4 row whose block exponents span at most 8 binades is, exactly, an e4m3 row with one power-of-two scale:
-each e2m1 value times 2^(e_block - e_row) lies on e4m3's grid (the smallest, 0.5 * 2^-8, is e4m3's smallest
-subnormal 2^-9, and every e2m1 value has at most two significant bits).  Repacked once (8 bits per weight, cached
+An MXFP4 row whose block exponents span at most 14 binades is, exactly, an e4m3 row with one power-of-two scale:
+each e2m1 value times 2^(e_block - e_row + 6) lies on e4m3's grid (the largest, 6 * 2^6 = 384, is below e4m3's
+448; the smallest, 0.5 * 2^-8, is e4m3's smallest subnormal 2^-9; every e2m1 value has at most two significant
+bits).  Repacked once (8 bits per weight, cached
 on the weight), the call is our e4m3 activation quantizer and ``torch._scaled_mm`` row-wise with fast accumulation
 off (the fp8 standard): the products are the reference's, exactly.  Why: the tile loop applies MXFP4's scale every
 32 of K to fp32 partial sums and runs at 0.3-0.4x Humming at M >= 256; cuBLASLt's fp8 GEMM runs the e4m3 weight at
@@ -18,7 +19,8 @@ from ...calls import Call, KernelConfig
 from . import register
 from .scaled_mm import RowwiseFP8, rowwise_fp8
 
-MAX_SPAN = 8  # binades between a row's largest and smallest live block exponent that e4m3 still holds exactly
+MAX_SPAN = 14  # binades between a row's largest and smallest live block exponent that e4m3 still holds exactly
+HEADROOM = 6  # the row scale sits this many binades below the row's largest block: e2m1's 6 * 2^6 = 384 <= 448
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 _NAN_E8M0 = 255
 _ROWS = 1024  # rows converted at a time: bounds the fp32 temporaries to 4 B x 1024 x K
@@ -39,8 +41,8 @@ def as_e4m3_rows(qw) -> tuple[torch.Tensor, torch.Tensor] | str:
         worst = int(span.argmax())
         return (f"row {worst}'s block scales span {int(span[worst])} binades (e4m3 holds MXFP4 exactly within "
                 f"{MAX_SPAN})")
-    e_row = torch.where(e_row < 0, torch.full_like(e_row, 127), e_row)  # no live block: scale 1
-    scales = torch.ldexp(torch.ones(n, device=qw.device), e_row - 127)
+    e_row = torch.where(e_row < 0, torch.full_like(e_row, 127), e_row) - HEADROOM  # no live block: any scale
+    scales = torch.ldexp(torch.ones(n, device=qw.device, dtype=torch.float64), e_row - 127).float()
     scales = torch.where(e.eq(_NAN_E8M0).any(-1), torch.full_like(scales, float("nan")), scales)
     table = torch.tensor(_E2M1, device=qw.device)
     out = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=qw.device)
