@@ -61,12 +61,13 @@ def cutlass_includes() -> list[Path]:
     return [d for d in dirs if d.exists()]
 
 
-def command(archs: list[str], out: Path, nvcc: str = "nvcc") -> list[str]:
-    """The decode kernels' compile (numeric architectures) -> one object file ``out``."""
+def command(archs: list[str], out: Path, nvcc: str = "nvcc", defines: tuple = ()) -> list[str]:
+    """The decode kernels' compile (numeric architectures) -> one object file ``out``; ``defines``: an
+    experiment's macros (``--decode-defines``), part of the object's cache key."""
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     gencode.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
-    return [nvcc, "-O3", "-std=c++17", "-c", "-Xcompiler", "-fPIC", "-lineinfo", *gencode, "-o", str(out),
-            *map(str, SOURCES)]
+    return [nvcc, "-O3", "-std=c++17", "-c", "-Xcompiler", "-fPIC", "-lineinfo", *[f"-D{d}" for d in defines],
+            *gencode, "-o", str(out), *map(str, SOURCES)]
 
 
 def cutlass_command(source: Path, out: Path, arch: str, nvcc: str = "nvcc", defines: tuple = ()) -> list[str]:
@@ -204,7 +205,7 @@ def parse_kernels(spec: str) -> list[tuple[int, int]]:
 def build(archs: list[str], out: Path | None = None, quiet: bool = False, jobs: int | None = None,
           sm90_formats_only: list[int] | None = None, split_variants: bool = False,
           sm90_variants_only: list[int] | None = None, sm90_kernels: list[tuple[int, int]] | None = None,
-          sm90_grouped: list[tuple[int, int]] | None = None) -> Path:
+          sm90_grouped: list[tuple[int, int]] | None = None, decode_defines: tuple = ()) -> Path:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise RuntimeError("nvcc is not on PATH: the native library needs the CUDA toolkit to build")
@@ -215,7 +216,7 @@ def build(archs: list[str], out: Path | None = None, quiet: bool = False, jobs: 
         raise ValueError("name at least one numeric architecture for the decode kernels (e.g. --arch 90,100a)")
     t0 = time.perf_counter()
     objs = [out.with_suffix(".decode.o")]
-    commands = [command(numeric, objs[0], nvcc)]
+    commands = [command(numeric, objs[0], nvcc, decode_defines)]
     if SM90A in archs:
         # one unit per format, or (split_variants, sm90_kernels) per kernel: more parallelism, finer caching
         units = sm90_kernels or [(fmt, v) for fmt in sm90_formats_only or sm90_formats()
@@ -265,6 +266,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sm90-grouped", default=None,
                     help="the grouped (MoE) sm_90a kernels to build: FORMATS:VARIANTS groups as in --sm90-kernels, "
                          "or 'none' (default: all of them)")
+    ap.add_argument("--decode-defines", default="",
+                    help="comma-separated NAME=VALUE macros for the decode kernels' compile (an experiment's "
+                         "build, e.g. HT_GROUPED_NT1_REGS=80 with --out elsewhere)")
     args = ap.parse_args(argv)
     only = [int(f) for f in args.sm90_formats.split(",")] if args.sm90_formats else None
     variants = [int(v) for v in args.sm90_variants.split(",")] if args.sm90_variants else None
@@ -283,7 +287,7 @@ def main(argv=None) -> int:
         ap.error(str(e))
     build([a.strip() for a in args.arch.split(",") if a.strip()], args.out, jobs=args.jobs, sm90_formats_only=only,
           split_variants=args.split_variants, sm90_variants_only=variants, sm90_kernels=kernels,
-          sm90_grouped=grouped)
+          sm90_grouped=grouped, decode_defines=tuple(d for d in args.decode_defines.split(",") if d))
     return 0
 
 

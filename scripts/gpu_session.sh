@@ -20,6 +20,8 @@
 #   ab      the native sweep (mma_decode, M = $AB_M, default 1,16) run with other builds of the library first
 #           ($AB_LIBS "name:path ...", default "old:$AB_LIB", e.g. the previous commit's kernels), then with this
 #           checkout's -- a same-run A/B of a kernel change                    -> ab_<name>.txt/json, ab_new.txt/json
+#   abgrouped same-run A/B of the grouped decode kernel (grouped_probe --sweep) under $AB_LIBS, then this build
+#           -> abg_<name>.txt/json, abg_new.txt/json
 #   groupedprobe the grouped decode kernel at MoE mid-token rows: wide config sweep + ncu sections
 #           -> grouped_sweep.txt/json, grouped_ncu.txt
 #   ncu     ncu --set full of $NCU_LAUNCHES (native_probe --launches): sections and per-SASS stalls
@@ -127,6 +129,16 @@ for step in $STEPS; do
       limited ${GROUPED_NCU_S:-120} ncu --clock-control none -k regex:decode_mma --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
         python3 scripts/grouped_probe.py ${GROUPED_LAUNCHES:+--launches "$GROUPED_LAUNCHES"} > "$OUT/grouped_ncu.txt" 2>&1 ;;
+    abgrouped)  # same-run A/B of the grouped decode kernel: scripts/grouped_probe.py --sweep with each of $AB_LIBS
+                # ("name:path ...", default "old:$AB_LIB") first, then with this checkout's library
+                # (e.g. AB_LIBS="r80:cutlass_ext/_build/libht_native_nt1r80.so", an --decode-defines build)
+                #                                                -> abg_<name>.txt/json, abg_new.txt/json
+      stamp abgrouped
+      for named in ${AB_LIBS:-old:$AB_LIB}; do
+        limited ${ABG_S:-120} env HT_NATIVE_LIB="${named#*:}" python3 scripts/grouped_probe.py --sweep \
+          --out "$OUT/abg_${named%%:*}.json" > "$OUT/abg_${named%%:*}.txt" 2>&1
+      done
+      limited ${ABG_S:-120} python3 scripts/grouped_probe.py --sweep --out "$OUT/abg_new.json" > "$OUT/abg_new.txt" 2>&1 ;;
     ncu)  # stall reasons per SASS instruction of $NCU_LAUNCHES (native_probe --launches), and the sections
       stamp ncu
       limited ${NCU_S:-150} ncu --clock-control none -k regex:decode_mma --set full --import-source yes \

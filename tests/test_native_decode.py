@@ -193,6 +193,12 @@ def test_build_command_names_every_arch_and_ptx():
     cmd = command(["80", "90"], Path("/tmp/x.so"))
     assert "-gencode=arch=compute_80,code=sm_80" in cmd and "-gencode=arch=compute_90,code=compute_90" in cmd
     assert any(s.endswith("decode_mma.cu") for s in cmd)
+    assert not any(s.startswith("-D") for s in cmd)
+    # an experiment's macros reach the compile and its cache key (another object than the plain build's)
+    from cutlass_ext.build import cached_object
+    exp = command(["80", "90"], Path("/tmp/x.so"), defines=("HT_GROUPED_NT1_REGS=80",))
+    assert "-DHT_GROUPED_NT1_REGS=80" in exp
+    assert cached_object(exp, Path("/tmp")) != cached_object(cmd, Path("/tmp"))
 
 
 # ---- the kernel on the GPU ------------------------------------------------------------------------------------

@@ -630,8 +630,16 @@ __device__ __forceinline__ int expert_starting_at(const Params& p, long long y) 
 
 // ROWS: the row grid (p.row_grid), a kernel of its own so that the expert grid's build is unchanged (the lookup in
 // the same kernel took every grouped build 8-48 bytes more stack); one token tile only, where rows < experts.
+// HT_GROUPED_NT1_REGS (an experiment's build, python3 -m cutlass_ext.build --decode-defines): one token tile capped
+// at that many registers instead of 64.  Why: at 64 the grouped pass loop spills where the dense kernel does not
+// (sm_90, int4 bf16: U = 1 236 bytes, U = 3 544; ptxas -v, session 26); at 80, U = 1 spills 40 and U = 2 none.
+#if defined(HT_GROUPED_NT1_REGS) && HT_GROUPED_NT1_REGS > 0
+#define HT_GROUPED_BOUNDS __launch_bounds__(512) __maxnreg__(NT == 1 ? HT_GROUPED_NT1_REGS : 128)
+#else
+#define HT_GROUPED_BOUNDS __launch_bounds__(512, NT == 1 ? 2 : 1)
+#endif
 template <typename T, int KIND, int NT, bool ZERO, int U, bool ROWS>
-__global__ void __launch_bounds__(512, NT == 1 ? 2 : 1) decode_mma_grouped_kernel(const Params p) {
+__global__ void HT_GROUPED_BOUNDS decode_mma_grouped_kernel(const Params p) {
   constexpr int LOADS = code_loads(KIND);
   View v{p.w, p.row_scales, nullptr, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M, p.out_scale};
   const int e = ROWS ? expert_starting_at(p, blockIdx.y) : (int)blockIdx.y;
