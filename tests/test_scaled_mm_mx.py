@@ -9,10 +9,12 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import humming_triton as ht
 from humming_triton.kernels.families.scaled_mm_mx import MAX_SPAN, as_e4m3_rows
-from humming_triton.testing import assert_linear_close, poison_like
+from humming_triton.testing import assert_linear_close, examples, poison_like
 
 
 def _ramp(k, spread):
@@ -99,6 +101,36 @@ def test_mx_rows_quantizer_is_its_torch_twin(rng):
         assert torch.equal(codes, ref_codes), f"{m}x{k}: {(codes != ref_codes).nonzero()[:5].tolist()}"
         assert torch.equal(scales.isnan(), ref_scales.isnan())
         assert torch.equal(scales.nan_to_num(), ref_scales.nan_to_num())
+
+
+@settings(max_examples=examples(25))
+@given(m=st.integers(1, 5), blocks=st.integers(1, 40), span=st.integers(0, 40), seed=st.integers(0, 2**31 - 1),
+       special=st.sampled_from(["none", "nan", "inf", "zero_block", "zero_row", "subnormal"]),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]))
+def test_mx_rows_quantizer_is_its_twin_on_any_row(m, blocks, span, seed, special, dtype):
+    """Property: for any rows (block magnitudes spread over 0-40 binades, any float input type, special values),
+    the quantizer's bytes and scales are its torch twin's."""
+    from humming_triton.kernels.dense import mx_rows_reference, triton_quantize_mx_rows
+    g = torch.Generator().manual_seed(seed)
+    k = 32 * blocks
+    x = torch.randn(m, k, generator=g) * torch.exp2(-span * torch.rand(m, blocks, generator=g)).repeat_interleave(32, 1)
+    if special == "nan":
+        x[0, k // 2] = float("nan")
+    elif special == "inf":
+        x[m - 1, 0] = float("inf")
+    elif special == "zero_block":
+        x[:, :32] = 0
+    elif special == "zero_row":
+        x[0] = 0
+    elif special == "subnormal":
+        x[0] *= 1e-40 if dtype == torch.float32 else 1e-6
+    x = x.to(dtype)
+    spec = ht.QuantScheme.parse("w4a4-mxfp4").act
+    codes, scales = triton_quantize_mx_rows(x, spec)
+    ref_codes, ref_scales = mx_rows_reference(x, spec)
+    assert torch.equal(codes, ref_codes), (codes != ref_codes).nonzero()[:5].tolist()
+    assert torch.equal(scales.isnan(), ref_scales.isnan())
+    assert torch.equal(scales.nan_to_num(), ref_scales.nan_to_num())
 
 
 def test_mx_rows_hold_the_reference_activation(rng):
