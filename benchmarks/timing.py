@@ -17,7 +17,7 @@ import time
 
 import torch
 
-__all__ = ["time_gpu", "time_cpu", "measure_ceilings"]
+__all__ = ["time_gpu", "time_configs", "time_cpu", "measure_ceilings"]
 
 FLUSH_BYTES = 256 << 20
 _flush_buf = None
@@ -65,6 +65,24 @@ def time_gpu(fn, *, use_graph: bool = True, budget_s: float = 0.25, min_reps: in
     del graph
     q = statistics.quantiles(t, n=10) if len(t) >= 10 else [min(t), max(t)]
     return {"us": statistics.median(t), "reps": reps, "timing": how, "spread": (q[-1] - q[0]) / statistics.median(t)}
+
+
+def time_configs(configs, run, ref, *, budget_s: float = 0.03, min_reps: int = 20):
+    """Time ``run(cfg)`` for each config -> (timed, failed): ``timed`` sorted [(µs, cfg.describe(), rel. error
+    against ``ref``)], ``failed`` [[cfg.describe(), first line of the error]] for configs the library refuses
+    (recorded, not fatal; a sticky CUDA error still is)."""
+    timed, failed = [], []
+    for cfg in configs:
+        fn = lambda cfg=cfg: run(cfg)  # noqa: E731
+        try:
+            y = fn()
+        except (RuntimeError, ValueError) as e:
+            failed.append([cfg.describe(), str(e).splitlines()[0][:200]])
+            continue
+        rel = float((y.float() - ref).norm() / ref.norm())
+        timed.append((time_gpu(fn, budget_s=budget_s, min_reps=min_reps)["us"], cfg.describe(), rel))
+    timed.sort()
+    return timed, failed
 
 
 def time_cpu(fn, reps: int = 5) -> dict:

@@ -48,7 +48,7 @@ def _cfg(bm: int, kw: int, tw: int, u: int) -> KernelConfig:
 
 def sweep(out_path: str | None, scheme: str) -> None:
     from benchmarks.floor import StreamFloor
-    from benchmarks.timing import time_gpu
+    from benchmarks.timing import time_configs, time_gpu
     fam = families.get("mma_decode_grouped")
     floor = StreamFloor()
     rows = []
@@ -59,23 +59,11 @@ def sweep(out_path: str | None, scheme: str) -> None:
         f_us = floor.us(wbytes)
         ref = ht.reference_grouped_linear(xs, qw, offsets, out_dtype=torch.float32)
         out = torch.empty(xs.shape[0], n, dtype=xs.dtype, device="cuda")
-        timed, failed = [], []
-        for bm in (8, 16):
-            for kw, tw, u in GRID:
-                cfg = _cfg(bm, kw, tw, u)
-                fn = lambda cfg=cfg: fam.run(xs, offsets, qw, None, xs.dtype, cfg, out)  # noqa: E731
-                try:
-                    y = fn()
-                except (RuntimeError, ValueError) as err:
-                    failed.append([cfg.describe(), str(err).splitlines()[0][:160]])
-                    continue
-                rel = float((y.float() - ref).norm() / ref.norm())
-                us = time_gpu(fn, budget_s=0.03, min_reps=20)["us"]
-                timed.append((us, cfg.describe(), rel))
+        configs = [_cfg(bm, kw, tw, u) for bm in (8, 16) for kw, tw, u in GRID]
+        timed, failed = time_configs(configs, lambda cfg: fam.run(xs, offsets, qw, None, xs.dtype, cfg, out), ref)
         auto = lambda: ht.grouped_linear(xs, qw, offsets)  # noqa: E731
         auto()
         auto_us = time_gpu(auto, budget_s=0.05)["us"]
-        timed.sort()
         row = {"case": name, "scheme": scheme, "experts": e, "topk": topk, "n": n, "k": k, "tokens": tokens,
                "rows": int(xs.shape[0]), "active_experts": active, "auto_us": auto_us, "auto": last_plan("grouped_linear"),
                "floor_us": f_us, "routed_bytes": wbytes, "all": [[round(t, 2), d, r] for t, d, r in timed],

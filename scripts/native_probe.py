@@ -92,7 +92,7 @@ def profile(launches: str | None = None) -> None:
 
 def sweep(ms, out_path, family: str = "mma_decode", schemes: list[str] | None = None) -> None:
     from benchmarks.floor import StreamFloor
-    from benchmarks.timing import time_gpu
+    from benchmarks.timing import time_configs, time_gpu
     fam = families.get(family)
     floor = StreamFloor()
     rows = []
@@ -107,24 +107,14 @@ def sweep(ms, out_path, family: str = "mma_decode", schemes: list[str] | None = 
             ref = ht.reference_linear(x, qw, out_dtype=torch.float32)
             call = Call("quant_linear", qw.scheme, x.dtype, m, n, k)
             out = torch.empty(m, n, dtype=x.dtype, device="cuda")
-            timed, failed = [], []
-            for cfg in fam.candidates(call):
-                fn = lambda cfg=cfg: fam.run(x, x, qw, None, x.dtype, cfg, out)  # noqa: E731
-                try:  # a config the library refuses is recorded, not fatal (a sticky CUDA error still is)
-                    y = fn()
-                except (RuntimeError, ValueError) as e:
-                    failed.append([cfg.describe(), str(e).splitlines()[0][:200]])
-                    continue
-                err = float((y.float() - ref).norm() / ref.norm())
-                us = time_gpu(fn, budget_s=0.03, min_reps=20)["us"]
-                timed.append((us, cfg.describe(), err))
+            run = lambda cfg: fam.run(x, x, qw, None, x.dtype, cfg, out)  # noqa: E731
+            timed, failed = time_configs(fam.candidates(call), run, ref)
             if not timed:
                 print(f"{scheme} {n}x{k} M={m}: no config ran: {failed}", flush=True)
                 continue
             auto = lambda: ht.quant_linear(x, qw)  # noqa: E731
             auto()
             auto_us = time_gpu(auto, budget_s=0.05)["us"]
-            timed.sort()
             best = timed[0]
             row = {"scheme": scheme, "dtype": str(x.dtype), "n": n, "k": k, "m": m, "best_us": best[0], "best": best[1], "rel_err": best[2],
                    "auto_us": auto_us, "auto": last_plan(), "floor_us": f_us, "weight_bytes": wbytes,
