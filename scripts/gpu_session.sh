@@ -39,6 +39,7 @@
 #   tp      2+ GPUs: scripts/tp_check.py (TP MLP pair + EP grouped GEMM vs one GPU, timed)      -> tp.json
 #   blockwise which block-scaled fp8 recipes F.scaled_mm takes here, and their speed  -> blockwise_probe.txt/json
 #   scaledmm where an fp8 GEMM's time goes: act quantizers, _scaled_mm row-wise vs tensor-wise  -> scaled_mm_probe.txt/json
+#   actquant the activation quantizers alone: mx_rows fp32 vs float64, e4m3 per-token variants  -> act_quant_probe.txt/json
 #   files   the GPU tests of the files in $GPU_TEST_FILES                                -> gpu_tests.txt
 #           (pytest arguments may follow the files, e.g. "tests/test_cutlass_sm90.py -k shuffled": a carried
 #           library built for some CUTLASS formats fails the other formats' cases, which skips tuneclean)
@@ -210,6 +211,8 @@ for step in $STEPS; do
                > "$OUT/blockwise_probe.txt" 2>&1 ;;
     scaledmm) stamp scaledmm; limited ${SCALEDMM_S:-90} python3 scripts/scaled_mm_probe.py "$OUT/scaled_mm_probe.json" \
                > "$OUT/scaled_mm_probe.txt" 2>&1 ;;
+    actquant) stamp actquant; limited ${ACTQUANT_S:-90} python3 scripts/act_quant_probe.py "$OUT/act_quant_probe.json" \
+               > "$OUT/act_quant_probe.txt" 2>&1 ;;  # the activation quantizers alone: variants A/B, % of copy
     files)   gpu_tests ${FILES_S:-150} files $GPU_TEST_FILES ;;
     intdecode)  # the integer-decode tile loops (dense.INT_DECODE_ACT): GPU tests, then the same-run A/B probe
       gpu_tests ${INTDEC_TEST_S:-120} intdecode tests/test_act_quant_kernels.py -k integer_decode

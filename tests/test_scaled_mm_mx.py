@@ -93,7 +93,7 @@ def test_mx_rows_quantizer_is_its_torch_twin(rng):
     """The Triton quantizer (interpreter here) writes the torch twin's bytes and scales exactly."""
     from humming_triton.kernels.dense import mx_rows_reference, triton_quantize_mx_rows
     spec = ht.QuantScheme.parse("w4a4-mxfp4").act
-    for m, k in ((9, 320), (1, 32), (8, 2080)):
+    for m, k in ((9, 320), (1, 32), (8, 2080), (8, 16416)):  # the last: two passes (K above one program's row)
         x = _mx_activations(max(m, 8), k, rng)[:m]
         codes, scales = triton_quantize_mx_rows(x, spec)
         ref_codes, ref_scales = mx_rows_reference(x, spec)
@@ -140,7 +140,10 @@ def test_mx_rows_hold_the_reference_activation(rng):
     from humming_triton.kernels.dense import MX_ROW_SPAN, mx_rows_reference
     spec = ht.QuantScheme.parse("w4a4-mxfp4").act
     x = _mx_activations(12, 1024, rng)
-    x[8] = (torch.randn(1024, generator=rng) * _ramp(1024, MX_ROW_SPAN)).bfloat16()  # the widest exact span
+    # the widest exact span: each block's largest magnitude is its ramp factor, 1 .. 2**14 (e8m0 -2 .. 12)
+    row = torch.rand(1024, generator=rng) * 2 - 1
+    row[::32] = 1.0
+    x[8] = (row * _ramp(1024, MX_ROW_SPAN)).bfloat16()
     codes, scales = mx_rows_reference(x, spec)
     q = ht.quantize_activation(x, spec)
     ref = ht.dequantize_activation(q).double()

@@ -173,9 +173,12 @@ def triton_quantize_mx_rows(x2: torch.Tensor, spec: ActQuant,
     codes = torch.empty(m, k, dtype=values or torch.uint8, device=x2.device)
     scales = torch.empty(m, 1, dtype=torch.float32, device=x2.device)
     if m:
-        block = max(32, min(1024, triton.next_power_of_2(k)))
+        block = max(32, triton.next_power_of_2(k))
+        one_pass = block <= ONE_PASS_ELEMENTS
+        block = block if one_pass else TWO_PASS_BLOCK
         act_quant_mx_rows_kernel[(m,)](x2, codes, scales, k, x2.stride(0), codes.stride(0), BLOCK_K=block,
-                                       CODE_VALUES=values is not None, num_warps=4)
+                                       ONE_PASS=one_pass, CODE_VALUES=values is not None,
+                                       num_warps=min(16, max(4, block // 512)))
     return codes, scales
 
 

@@ -1,0 +1,82 @@
+"""The activation quantizers alone on the GPU (issue 12): same-run A/B of their variants, with % of copy rate.
+
+At K = 8192 and M = 1 / 16 / 256 / 4096, timed like the benchmark (CUDA-graph replay, L2 flushed, median):
+- MXFP4 e4m3 rows (``act_quant_mx_rows_kernel``, the fp32 one-pass kernel) against the float64 two-pass kernel it
+  replaced (``act_quant_mx_rows_f64_kernel``), bytes and bf16 code values; outputs compared byte for byte;
+- per-token e4m3 (``act_quant_f32_kernel``) over num_warps 4 / 8 / 16 and F32_COMPARE off / on (outputs compared).
+% copy = (bytes read + written) / time / the benchmark's measured copy bandwidth.  JSON to argv[1]."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import humming_triton as ht  # noqa: E402
+from humming_triton.kernels import _act_quant as aq  # noqa: E402
+from humming_triton.kernels import dense  # noqa: E402
+
+
+def main(out_path: str | None) -> None:
+    from benchmarks.timing import measure_ceilings, time_gpu
+    copy_gbps = measure_ceilings()["copy_gbps"]
+    k = 8192
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mx = ht.PRESETS["w4a4-mxfp4"].act
+    fp8 = ht.PRESETS["w8a8-fp8"].act
+    rows = []
+
+    def timed(name, fn, m, out_bytes, **extra):
+        fn()
+        us = time_gpu(fn, budget_s=0.1)["us"]
+        moved = m * k * 2 + out_bytes
+        row = {"m": m, "k": k, "case": name, "us": round(us, 2), "pct_copy": round(100 * moved / us / 1e3 / copy_gbps, 1),
+               **extra}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    for m in (1, 16, 256, 4096):
+        x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+        for values in (None, torch.bfloat16):
+            codes_new, scales_new = dense.triton_quantize_mx_rows(x, mx, values)
+            codes_old = torch.empty_like(codes_new)
+            scales_old = torch.empty_like(scales_new)
+
+            def old():
+                aq.act_quant_mx_rows_f64_kernel[(m,)](x, codes_old, scales_old, k, x.stride(0), codes_old.stride(0),
+                                                      BLOCK_K=1024, CODE_VALUES=values is not None, num_warps=4)
+            old()
+            same = torch.equal(codes_new.view(torch.uint8) if values is None else codes_new,
+                               codes_old.view(torch.uint8) if values is None else codes_old) \
+                and torch.equal(scales_new, scales_old)
+            tag = "bytes" if values is None else "bf16"
+            out_bytes = m * k * (1 if values is None else 2) + 4 * m
+            timed(f"mx_rows_fp32_{tag}", lambda: dense.triton_quantize_mx_rows(x, mx, values), m, out_bytes,
+                  same_as_f64=same)
+            timed(f"mx_rows_f64_{tag}", old, m, out_bytes)
+        codes = torch.empty(m, k, dtype=torch.uint8, device="cuda")
+        scales = torch.empty(m, 1, dtype=torch.float32, device="cuda")
+        ref = None
+        for warps in (4, 8, 16):
+            for f32 in (False, True):
+                def run():
+                    aq.act_quant_f32_kernel[(m, 1)](x, codes, scales, k, x.stride(0), codes.stride(0),
+                                                    scales.stride(0), scales.stride(1), INT8=False, GROUP_K=k,
+                                                    GROUPS=1, BLOCK_K=k, CODE_VALUES=False, F32_COMPARE=f32,
+                                                    num_warps=warps)
+                run()
+                got = (codes.clone(), scales.clone())
+                ref = ref or got
+                same = torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+                timed(f"e4m3_token_w{warps}_{'f32cmp' if f32 else 'f64cmp'}", run, m, m * k + 4 * m,
+                      same_as_first=same)
+        timed("e4m3_token_library", lambda: dense.triton_quantize_activation(x, fp8), m, m * k + 4 * m)
+    if out_path:
+        Path(out_path).write_text(json.dumps({"copy_gbps": copy_gbps, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else None)
