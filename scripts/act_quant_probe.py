@@ -3,7 +3,8 @@
 At K = 8192 and M = 1 / 16 / 256 / 4096, timed like the benchmark (CUDA-graph replay, L2 flushed, median):
 - MXFP4 e4m3 rows (``act_quant_mx_rows_kernel``, the fp32 one-pass kernel) against the float64 two-pass kernel it
   replaced (``act_quant_mx_rows_f64_kernel``), bytes and bf16 code values; outputs compared byte for byte;
-- per-token e4m3 (``act_quant_f32_kernel``) over num_warps 4 / 8 / 16 and F32_COMPARE off / on (outputs compared).
+- per-token e4m3 (``act_quant_f32_kernel``) over num_warps 4 / 8 / 16 and F32_COMPARE off / on (outputs compared);
+- NVFP4 block activations (``act_quant_kernel``): one 16-wide group per program vs 64 groups per program.
 % copy = (bytes read + written) / time / the benchmark's measured copy bandwidth.  JSON to argv[1]."""
 from __future__ import annotations
 
@@ -74,6 +75,24 @@ def main(out_path: str | None) -> None:
                 timed(f"e4m3_token_w{warps}_{'f32cmp' if f32 else 'f64cmp'}", run, m, m * k + 4 * m,
                       same_as_first=same)
         timed("e4m3_token_library", lambda: dense.triton_quantize_activation(x, fp8), m, m * k + 4 * m)
+        # NVFP4 activations (e2m1, e4m3 per 16, fp32 global): a program per group vs 64 groups per program
+        nv = ht.PRESETS["w4a4-nvfp4"].act
+        gscale = dense.triton_global_scale(x, nv)
+        groups = k // 16
+        codes = torch.empty(m, k, dtype=torch.uint8, device="cuda")
+        nv_scales = torch.empty(m, groups, dtype=torch.uint8, device="cuda")
+        ref = None
+        for per in (1, 64):
+            def run():
+                aq.act_quant_kernel[(m, groups // per)](x, codes, nv_scales, gscale, k, x.stride(0), codes.stride(0),
+                                                        nv_scales.stride(0), nv_scales.stride(1), KIND=3,
+                                                        SCALE_KIND=2, GROUP_K=16, BLOCK_K=16, SCALE_VALUES=False,
+                                                        GROUPS=per)
+            run()
+            got = (codes.clone(), nv_scales.clone())
+            ref = ref or got
+            timed(f"nvfp4_groups_per_program_{per}", run, m, m * k + m * groups,
+                  same_as_first=torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]))
     if out_path:
         Path(out_path).write_text(json.dumps({"copy_gbps": copy_gbps, "rows": rows}, indent=1))
 

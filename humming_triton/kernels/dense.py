@@ -248,11 +248,14 @@ def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scal
             INT8=str(spec.dtype) == "int8", GROUP_K=g, GROUPS=per_prog, BLOCK_K=block,
             CODE_VALUES=codes.dtype != torch.uint8, F32_COMPARE=F32_COMPARE, num_warps=min(16, max(4, block * per_prog // 1024)))
         return
-    act_quant_kernel[(m, groups)](
+    block = min(1024, triton.next_power_of_2(g))
+    # small power-of-two groups: several per program (a [per_prog, g] tile), as many as GROUP_TILE elements
+    per_prog = min(GROUP_TILE // g, triton.next_power_of_2(groups)) if block == g and k % g == 0 else 1
+    act_quant_kernel[(m, triton.cdiv(groups, per_prog))](
         x2, codes, scales, gscale if gscale is not None else scales, k, x2.stride(0), codes.stride(0),
         scales.stride(0), scales.stride(1), KIND=ACT_KINDS[str(spec.dtype)],
-        SCALE_KIND=ACT_SCALE_KINDS[str(spec.scale_dtype)], GROUP_K=g, BLOCK_K=min(1024, triton.next_power_of_2(g)),
-        SCALE_VALUES=scale_values)
+        SCALE_KIND=ACT_SCALE_KINDS[str(spec.scale_dtype)], GROUP_K=g, BLOCK_K=block,
+        SCALE_VALUES=scale_values, GROUPS=per_prog)
 
 
 GLOBAL_SCALE_BLOCK = 4096
