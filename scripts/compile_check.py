@@ -121,10 +121,12 @@ def dump(path: str) -> int:
                {"N": 4096, "K": 4096}, 4, 3, 90)
     from humming_triton.kernels._act_quant import act_quant_f32_kernel, act_quant_kernel
     for kind, scale_kind in ((1, 1), (3, 1), (3, 2)):  # block-scaled activations (MXFP8, MXFP4, NVFP4)
-        consts = dict(KIND=kind, SCALE_KIND=scale_kind, GROUP_K=32 if scale_kind == 1 else 16, BLOCK_K=32,
-                      SCALE_VALUES=False)
-        record(act_quant_kernel, consts, {"x_ptr": "*bf16", "codes_ptr": "*u8", "gs_ptr": "*fp32",
-                                          "scales_ptr": "*u8"}, {}, 4, 3, 90)
+        g = 32 if scale_kind == 1 else 16
+        for groups, values in ((1, 0), (1024 // g, 0), (1024 // g, 1), (1024 // g, 2)):  # values: bf16 out
+            consts = dict(KIND=kind, SCALE_KIND=scale_kind, GROUP_K=g, BLOCK_K=g, SCALE_VALUES=False,
+                          GROUPS=groups, VALUES=values)
+            record(act_quant_kernel, consts, {"x_ptr": "*bf16", "codes_ptr": "*bf16" if values else "*u8",
+                                              "gs_ptr": "*fp32", "scales_ptr": "*u8"}, {}, 4, 3, 90)
     for int8, values, (group, groups, block, warps) in itertools.product(
             (False, True), (False, True), ((128, 8, 128, 4), (4096, 1, 4096, 4), (8192, 1, 8192, 8),
                                            (32768, 1, 4096, 4))):  # fp32 scales; values: fp16 code values

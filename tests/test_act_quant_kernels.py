@@ -290,3 +290,46 @@ def test_fp32_quantizer_tiny_and_huge_groups(act, magnitude, f32_compare, monkey
     x = x * magnitude
     q, r = triton_quantize_activation(x, spec), ht.quantize_activation(x, spec)
     assert torch.equal(q.scales, r.scales) and torch.equal(q.codes, r.codes)
+
+
+def _block_act_case(scheme, m, k, dtype, rng, dev):
+    """Block-scaled activations with the special rows: a NaN, an Inf, an all-zero row, a block of tiny values."""
+    x = (torch.randn(m, k + 16, generator=rng) * 3).to(dtype)[:, :k]  # strided rows
+    x[min(1, m - 1), 5] = float("nan")
+    x[min(2, m - 1), k - 1] = float("inf")
+    x[min(3, m - 1)] = 0
+    x[0, :16] = 1e-4
+    return x.to(dev), ht.QuantScheme.parse(scheme).act
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("scheme", ["w4a4-nvfp4", "w4a4-mxfp4", "w8a8-mxfp8"])
+@pytest.mark.parametrize("m,k,dtype", [(7, 640, torch.bfloat16), (5, 96, torch.float16), (4, 2080, torch.float32)])
+def test_dequantized_activation_is_the_torch_composition(scheme, m, k, dtype, rng):
+    """One quantizer launch writes ``dequantize_activation(quantize_activation(x))`` in x's dtype bit for bit
+    (what ``dequant_mm`` multiplies), NaN where the reference has NaN."""
+    _dequantized_activation_case(scheme, m, k, dtype, rng, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["w4a4-nvfp4", "w4a4-mxfp4"])
+@pytest.mark.parametrize("m,k", [(1, 8192), (300, 4096)])
+def test_dequantized_activation_is_the_torch_composition_on_gpu(scheme, m, k, rng):
+    _dequantized_activation_case(scheme, m, k, torch.bfloat16, rng, "cuda")
+
+
+def _dequantized_activation_case(scheme, m, k, dtype, rng, dev):
+    from humming_triton.formats.activation import dequantize_activation, quantize_activation
+    from humming_triton.kernels.dense import block_act_values, triton_dequantize_activation
+    x, spec = _block_act_case(scheme, m, k, dtype, rng, dev)
+    want64 = dequantize_activation(quantize_activation(x.cpu(), scheme)).double()
+    want = want64.to(dtype)
+    got = triton_dequantize_activation(x, spec, None, dtype).cpu()
+    assert got.dtype == dtype and torch.equal(got.isnan(), want.isnan()) and want.isnan().any() == (m > 3)
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    # the decode kernel's form: code x block scale in bf16 (exact), the global scale per row
+    vals, rows = block_act_values(x, spec, torch.bfloat16)
+    full = vals.cpu().double() * rows.cpu().double()[:, None]
+    assert vals.dtype == torch.bfloat16 and rows.shape == (m,)
+    assert torch.equal(full.isnan(), want64.isnan())
+    torch.testing.assert_close(full.nan_to_num(), want64.nan_to_num(), rtol=2e-7, atol=0)  # fp32 global rounding

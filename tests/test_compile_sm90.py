@@ -77,7 +77,8 @@ def ptx(fn, consts, ptrs, warps=4):
 approx = lambda p: "div.full.f32" in p or "div.approx.f32" in p
 for kind, scale_kind in ((1, 1), (3, 1), (3, 2)):
     for xt in ("*fp16", "*bf16", "*fp32"):
-        p = ptx(act_quant_kernel, dict(KIND=kind, SCALE_KIND=scale_kind, GROUP_K=32, BLOCK_K=32, SCALE_VALUES=False),
+        p = ptx(act_quant_kernel, dict(KIND=kind, SCALE_KIND=scale_kind, GROUP_K=32, BLOCK_K=32, SCALE_VALUES=False,
+                                       GROUPS=32, VALUES=0),
                 {"x_ptr": xt, "codes_ptr": "*u8", "scales_ptr": "*u8", "gs_ptr": "*fp32"})
         print("f64", kind, xt, "div.rn.f64" in p, approx(p))
 for int8 in (False, True):

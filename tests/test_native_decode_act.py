@@ -121,6 +121,25 @@ def test_w4a4_mx_rows_emulated_matches_reference(shape, rng):
         assert_linear_close(got, full, x_hat, w_hat, torch.float32, f"w4a4-mxfp4 {shape} M={m}")
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_w4a4_nv_values_emulated_matches_reference(shape, rng):
+    """W4A4-NVFP4 on the decode kernel: the activations as code x block scale values in bf16 (exact) with the
+    global scale per row (``dense.block_act_values``, here the interpreter), the kernel's arithmetic replayed from
+    the repacked weight, against the reference end to end."""
+    from humming_triton.kernels.dense import block_act_values
+    qw = _weight("w4a4-nvfp4", *shape, rng)
+    w_hat = ht.dequantize_weight(qw)
+    for m in (1, 7, 16):
+        x = _x(m, shape[1], rng)
+        values, rows = block_act_values(x, qw.scheme.act, torch.bfloat16)
+        got = dm.emulate(values, dm.repack(qw)) * rows.double()[:, None] + qw.bias.double()
+        x_hat = ht.dequantize_activation(ht.quantize_activation(x, qw.scheme.act)).double()
+        torch.testing.assert_close(values.double() * rows.double()[:, None], x_hat, rtol=2e-7, atol=0)
+        full = ht.reference_linear(x, qw, out_dtype=torch.float32).double()
+        assert_linear_close(got, full, x_hat, w_hat, torch.float32, f"w4a4-nvfp4 {shape} M={m}")
+
+
 def test_family_reasons_and_mma_kinds():
     from humming_triton.calls import Call
     from humming_triton.kernels import families
@@ -137,7 +156,8 @@ def test_family_reasons_and_mma_kinds():
     assert "M=17" in fam.reason(call("w8a8-fp8", m=17))
     assert fam.reason(call("w8a8-fp8-block")) is None and fam.mma(call("w8a8-fp8-block")) == "fp8"
     assert fam.reason(call("w4a4-mxfp4")) is None and fam.mma(call("w4a4-mxfp4")) == "bf16"  # e4m3 rows
-    assert "per-token or per-group" in fam.reason(call("w4a4-nvfp4"))
+    assert fam.reason(call("w4a4-nvfp4")) is None and fam.mma(call("w4a4-nvfp4")) == "bf16"  # values, global
+    assert "per-token or per-group" in fam.reason(call("weight=e2m1,scale=e8m0:g32,act=e4m3fn/e8m0:g32"))
     assert "int8 / e4m3 only" in fam.reason(call("weight=int4,scale=fp16:g128,act=int8/fp32:g128"))
     assert "activation groups of 32" in fam.reason(call("weight=int8,scale=fp32:channel,act=int8/fp32:g32"))
     assert "activation groups of 128" in fam.reason(call("weight=int8,scale=fp32:g64,act=int8/fp32:g128"))
@@ -158,7 +178,7 @@ def _gpu_family():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("scheme", SCHEMES + ["w4a4-mxfp4"])
+@pytest.mark.parametrize("scheme", SCHEMES + ["w4a4-mxfp4", "w4a4-nvfp4"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_kernel_matches_reference(scheme, shape, dtype, rng):
@@ -186,7 +206,7 @@ def test_kernel_matches_reference(scheme, shape, dtype, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("scheme", ["w8a8-fp8", "w4a8-int8", "w4a8-mxfp4", "w8a8-fp8-block", "w4a4-mxfp4"])
+@pytest.mark.parametrize("scheme", ["w8a8-fp8", "w4a8-int8", "w4a8-mxfp4", "w8a8-fp8-block", "w4a4-mxfp4", "w4a4-nvfp4"])
 def test_non_finite_rows_stay_in_their_row(scheme, rng):
     fam = _gpu_family()
     from humming_triton.calls import Call

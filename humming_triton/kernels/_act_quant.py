@@ -55,8 +55,8 @@ def round_to_e2m1(q):
 
 @triton.jit
 def block_scale(a, gs, QMAX: tl.constexpr, SCALE_KIND: tl.constexpr):
-    """Block amax (fp32) -> (stored scale code, effective float64 divisor) of an e2m1 (QMAX 6) or e4m3 (448)
-    block with an e8m0 (SCALE_KIND 1) or e4m3-times-global (2) scale."""
+    """Block amax (fp32) -> (stored scale code, effective float64 divisor, the scale's own float64 value) of an
+    e2m1 (QMAX 6) or e4m3 (448) block with an e8m0 (SCALE_KIND 1) or e4m3-times-global (2) scale."""
     ideal = a.to(tl.float64) / QMAX
     if SCALE_KIND == 2:
         ideal = ideal / gs
@@ -65,9 +65,10 @@ def block_scale(a, gs, QMAX: tl.constexpr, SCALE_KIND: tl.constexpr):
         bits = ideal.to(tl.int64, bitcast=True)
         e = ((bits >> 52) & 2047) - 1023 + ((bits & 4503599627370495) != 0).to(tl.int64)
         e = tl.minimum(tl.maximum(e, -127), 127)
-        return (e + 127).to(tl.int32), ((e + 1023) << 52).to(tl.float64, bitcast=True)
+        p2 = ((e + 1023) << 52).to(tl.float64, bitcast=True)
+        return (e + 127).to(tl.int32), p2, p2
     sval = round_to_e4m3(tl.minimum(tl.maximum(ideal, 0.001953125), 448.0))  # never below the smallest subnormal
-    return e4m3_code(sval), sval * gs
+    return e4m3_code(sval), sval * gs, sval
 
 
 @triton.jit
@@ -87,15 +88,17 @@ def _group_amax(x_row, k_begin, GROUP_K: tl.constexpr, K, BLOCK_K: tl.constexpr)
 
 @triton.jit
 def _block_codes(x, eff, KIND: tl.constexpr):
-    """float64 values (a bad group's already zero) / their block's float64 divisor -> e2m1 (KIND 3) or e4m3 codes
-    as bytes: IEEE float64 division, as the reference divides."""
+    """float64 values (a bad group's already zero) / their block's float64 divisor -> (e2m1 (KIND 3) or e4m3 codes
+    as bytes, each code's signed value as fp32): IEEE float64 division, as the reference divides."""
     q = x / eff
     if KIND == 3:
-        c = round_to_e2m1(q).to(tl.uint8)
+        c = round_to_e2m1(q)
+        v = e2m1_value(c).to(tl.float32)
+        c = c.to(tl.uint8)
     else:
         v = round_to_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0)).to(tl.float32)
         c = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    return c
+    return c, v
 
 
 @triton.jit
@@ -110,20 +113,39 @@ def _stored_scale(code, eff, bad, SCALE_KIND: tl.constexpr, SCALE_VALUES: tl.con
 
 
 @triton.jit
+def _stored_codes(c, v, sval, bad, gs32, out_ptr, VALUES: tl.constexpr):
+    """What the codes' buffer holds: the bytes (VALUES 0); each code's value times its block scale in the 16-bit
+    type of ``out_ptr`` (1: exact, e2m1 x e4m3 has at most 6 significant bits; a bad group NaN); or that product
+    times the global scale, in fp32 and then rounded to ``out_ptr``'s type (2: ``dequantize_activation``'s steps
+    in its order, bit for bit)."""
+    if VALUES == 0:
+        out = c
+    else:
+        y = v * tl.where(bad, float("nan"), sval.to(tl.float32))
+        if VALUES == 2:
+            y = y * gs32
+        out = y.to(out_ptr.dtype.element_ty)
+    return out
+
+
+@triton.jit
 def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_cm, stride_sm, stride_sg,
                      KIND: tl.constexpr, SCALE_KIND: tl.constexpr, GROUP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SCALE_VALUES: tl.constexpr, GROUPS: tl.constexpr = 1):
+                     SCALE_VALUES: tl.constexpr, GROUPS: tl.constexpr = 1, VALUES: tl.constexpr = 0):
     """Block-scaled activations (fp32 scales: ``act_quant_f32_kernel``).  KIND 1 e4m3 / 3 e2m1; SCALE_KIND 1 e8m0
     (e2m1 or e4m3 codes), 2 e4m3 times the global at gs_ptr (e2m1 codes).  SCALE_VALUES: store an e8m0 scale's
     value as fp32 instead of its code (for tile loops that multiply fp32 scales into partial products; the value
-    is exact).  GROUPS > 1 (power-of-two groups, BLOCK_K == GROUP_K, K a multiple of it): program (row, p) takes
-    groups p * GROUPS .. p * GROUPS + GROUPS - 1 as one [GROUPS, GROUP_K] tile -- a program per 16- or 32-wide
-    group left most of its threads idle (W4A4-NVFP4 ran 3.6 ms at 4096 x 8192 on the H100).  GROUPS == 1:
-    program (row, group) walks its group BLOCK_K columns at a time."""
+    is exact).  VALUES 1 / 2: ``codes_ptr`` gets dequantized values instead of codes (``_stored_codes``).
+    GROUPS > 1 (power-of-two groups, BLOCK_K == GROUP_K, K a multiple of it): program (row, p) takes groups
+    p * GROUPS .. p * GROUPS + GROUPS - 1 as one [GROUPS, GROUP_K] tile -- a program per 16- or 32-wide group left
+    most of its threads idle (W4A4-NVFP4 ran 3.6 ms at 4096 x 8192 on the H100).  GROUPS == 1: program
+    (row, group) walks its group BLOCK_K columns at a time."""
     row = tl.program_id(0).to(tl.int64)
     gs = 1.0
+    gs32 = 1.0
     if SCALE_KIND == 2:
-        gs = tl.load(gs_ptr).to(tl.float64)
+        gs32 = tl.load(gs_ptr).to(tl.float32)
+        gs = gs32.to(tl.float64)
     QMAX: tl.constexpr = 6.0 if KIND == 3 else 448.0
     # non-finite inputs: a group holding a NaN or an Inf gets a NaN scale (e8m0 0xFF, e4m3 0x7F) and zero codes
     if GROUPS > 1:
@@ -133,22 +155,24 @@ def act_quant_kernel(x_ptr, codes_ptr, scales_ptr, gs_ptr, K, stride_xm, stride_
         ax = tl.abs(x)
         finite = ax < float("inf")  # false for +-inf and NaN
         bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
-        code, eff = block_scale(tl.max(tl.where(finite, ax, 0.0), axis=1), gs, QMAX, SCALE_KIND)
+        code, eff, sval = block_scale(tl.max(tl.where(finite, ax, 0.0), axis=1), gs, QMAX, SCALE_KIND)
         tl.store(scales_ptr + row * stride_sm + g * stride_sg, _stored_scale(code, eff, bad, SCALE_KIND, SCALE_VALUES),
                  mask=g * GROUP_K < K)
-        c = _block_codes(tl.where(bad[:, None], 0.0, x.to(tl.float64)), eff[:, None], KIND)
-        tl.store(codes_ptr + row * stride_cm + offs, c, mask=offs < K)
+        c, v = _block_codes(tl.where(bad[:, None], 0.0, x.to(tl.float64)), eff[:, None], KIND)
+        tl.store(codes_ptr + row * stride_cm + offs, _stored_codes(c, v, sval[:, None], bad[:, None], gs32, codes_ptr,
+                                                                   VALUES), mask=offs < K)
     else:
         gi = tl.program_id(1)
         k_begin = gi * GROUP_K
         a, bad = _group_amax(x_ptr + row * stride_xm, k_begin, GROUP_K, K, BLOCK_K)
-        code, eff = block_scale(a, gs, QMAX, SCALE_KIND)
+        code, eff, sval = block_scale(a, gs, QMAX, SCALE_KIND)
         tl.store(scales_ptr + row * stride_sm + gi * stride_sg, _stored_scale(code, eff, bad, SCALE_KIND, SCALE_VALUES))
         for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
             offs = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float64)
-            c = _block_codes(tl.where(bad, 0.0, x), eff, KIND)
-            tl.store(codes_ptr + row * stride_cm + offs, c, mask=offs < K)
+            c, v = _block_codes(tl.where(bad, 0.0, x), eff, KIND)
+            tl.store(codes_ptr + row * stride_cm + offs, _stored_codes(c, v, sval, bad, gs32, codes_ptr, VALUES),
+                     mask=offs < K)
 
 
 @triton.jit
@@ -304,7 +328,7 @@ def act_quant_mx_rows_f64_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_
         amax = tl.maximum(amax, tl.where(finite, ax, 0.0))
         nonfinite = tl.maximum(nonfinite, tl.where(finite, 0, 1))
     # (each unused divisor has a name of its own: one shared '_' is a loop-carried variable that changes type)
-    e_row, row_divisor = block_scale(tl.max(amax, axis=0), 1.0, 6.0, 1)  # biased e8m0 code
+    e_row, row_divisor, row_value = block_scale(tl.max(amax, axis=0), 1.0, 6.0, 1)  # biased e8m0 code
     r = e_row - 127 - 6
     scale = tl.where(tl.max(nonfinite, axis=0) > 0, float("nan"), pow2_f64(r).to(tl.float32))
     tl.store(rs_ptr + row, scale)
@@ -314,7 +338,7 @@ def act_quant_mx_rows_f64_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_
         ax = tl.abs(x)
         finite = ax < float("inf")
         bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
-        code_e, block_divisor = block_scale(tl.max(tl.where(finite, ax, 0.0), axis=1), 1.0, 6.0, 1)
+        code_e, block_divisor, block_value = block_scale(tl.max(tl.where(finite, ax, 0.0), axis=1), 1.0, 6.0, 1)
         e = code_e - 127
         q = tl.where(bad[:, None], 0.0, x.to(tl.float64)) * pow2_f64(-e)[:, None]  # exact: a power of two
         c = round_to_e2m1(q)

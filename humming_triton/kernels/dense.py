@@ -230,9 +230,10 @@ F32_COMPARE = False  # the quantizer's rounding decided in fp32 instead of float
 
 
 def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scales: torch.Tensor,
-                     gscale: torch.Tensor | None = None, scale_values: bool = False) -> None:
+                     gscale: torch.Tensor | None = None, scale_values: bool = False, values: int = 0) -> None:
     """Quantize x [M, K] into ``codes`` (bytes, or 16-bit code values) and ``scales`` (any strides): fp32 scales
-    (e4m3 / int8) through ``act_quant_f32_kernel``, block-scaled formats through ``act_quant_kernel``."""
+    (e4m3 / int8) through ``act_quant_f32_kernel``, block-scaled formats through ``act_quant_kernel`` (``values``
+    1 / 2: dequantized values into ``codes`` instead, ``_act_quant._stored_codes``)."""
     m, k = x2.shape
     if not m:
         return
@@ -255,7 +256,46 @@ def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scal
         x2, codes, scales, gscale if gscale is not None else scales, k, x2.stride(0), codes.stride(0),
         scales.stride(0), scales.stride(1), KIND=ACT_KINDS[str(spec.dtype)],
         SCALE_KIND=ACT_SCALE_KINDS[str(spec.scale_dtype)], GROUP_K=g, BLOCK_K=block,
-        SCALE_VALUES=scale_values, GROUPS=per_prog)
+        SCALE_VALUES=scale_values, GROUPS=per_prog, VALUES=values)
+
+
+def block_scaled_act(spec: ActQuant | None) -> bool:
+    """Whether ``spec`` is a block-scaled activation format (e8m0 / e4m3 scale codes: MX, NV), the formats
+    ``act_quant_kernel`` writes."""
+    return spec is not None and str(spec.scale_dtype) in ("e8m0", "e4m3fn")
+
+
+def triton_dequantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: torch.Tensor | None,
+                                 dtype: torch.dtype) -> torch.Tensor:
+    """``dequantize_activation(quantize_activation(x))`` rounded to ``dtype``, bit for bit, in one quantizer launch
+    (plus NV's global-scale reduction) for block-scaled activations: each value is code x block scale (x global)
+    in fp32, as the torch composition multiplies, without its four fp32 [M, K] temporaries."""
+    m, k = x2.shape
+    g = spec.group_k or k
+    check_act_group(spec, k)
+    out = torch.empty(m, k, dtype=dtype, device=x2.device)
+    scales = torch.empty(m, -(-k // g), dtype=torch.uint8, device=x2.device)
+    gscale = triton_global_scale(x2, spec) if spec.global_scale and input_scale is None else \
+        global_act_scale(x2, spec, input_scale)
+    launch_act_quant(x2, spec, out, scales, gscale, values=2)
+    return out
+
+
+def block_act_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dtype,
+                     input_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """NV / MX activations as (code x block scale values in ``dtype`` [M, K], fp32 row scales [M]: the global
+    scale, 1 without one): exact, e2m1 x e4m3 has at most 6 significant bits, e2m1 x 2**e one -- for a GEMM on
+    16-bit values with a scale per row (the decode kernel).  The products are the reference's."""
+    m, k = x2.shape
+    g = spec.group_k or k
+    check_act_group(spec, k)
+    out = torch.empty(m, k, dtype=dtype, device=x2.device)
+    scales = torch.empty(m, -(-k // g), dtype=torch.uint8, device=x2.device)
+    gscale = triton_global_scale(x2, spec) if spec.global_scale and input_scale is None else \
+        global_act_scale(x2, spec, input_scale)
+    launch_act_quant(x2, spec, out, scales, gscale, values=1)
+    rows = gscale.reshape(1).expand(m) if gscale is not None else torch.ones(1, device=x2.device).expand(m)
+    return out, rows.contiguous()
 
 
 GLOBAL_SCALE_BLOCK = 4096
@@ -467,7 +507,9 @@ def dequant_linear(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: tor
                    out_dtype: torch.dtype, cfg: KernelConfig, out: torch.Tensor | None) -> torch.Tensor:
     """Dequantize the weight once per call (Triton), then cuBLAS; a quantized-activation scheme quantizes x as
     it says first and runs its dequantized values in x's dtype."""
-    if qw.scheme.act is not None:
+    if block_scaled_act(qw.scheme.act):  # one launch, the torch composition's result bit for bit
+        x2 = triton_dequantize_activation(x2, qw.scheme.act, qw.input_scale, x2.dtype)
+    elif qw.scheme.act is not None:
         check_act_group(qw.scheme.act, qw.K)
         q = triton_quantize_activation(x2, qw.scheme.act, qw.input_scale)
         x2 = dequantize_activation(q).to(x2.dtype)

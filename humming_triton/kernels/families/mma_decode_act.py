@@ -1,6 +1,7 @@
 """``mma_decode_act``: the quantized-activation schemes (W8A8 / W4A8 with dynamic e4m3 or int8 activations, per
-token or per group of K; W4A4-MXFP4 with its activations as e4m3 rows, ``dense.triton_quantize_mx_rows``) at
-decode sizes, M <= 16, on the native decode GEMM of ``mma_decode``.
+token or per group of K; W4A4-MXFP4 with its activations as e4m3 rows, ``dense.triton_quantize_mx_rows``; W4A4-NVFP4
+as code x block scale values in bf16 with the global scale per row, ``dense.block_act_values``) at decode sizes,
+M <= 16, on the native decode GEMM of ``mma_decode``.
 
 One Triton launch quantizes the activations to their codes, stored as 16-bit values (exact: e4m3 and int8 are
 subsets of fp16 and bf16); the decode kernel multiplies them by the weight's codes on fp16 / bf16 tensor cores
@@ -18,7 +19,7 @@ from cutlass_ext import decode_mma as dm
 
 from ...calls import Call, KernelConfig
 from . import register
-from ..dense import mx_rows_reason, quantize_activation_values, triton_quantize_mx_rows
+from ..dense import block_act_values, mx_rows_reason, quantize_activation_values, triton_quantize_mx_rows
 from .mma_decode import MAX_M, MMADecode, packed_view
 
 
@@ -26,6 +27,15 @@ def code_dtype(scheme) -> torch.dtype:
     """The 16-bit type the activation codes travel in: bf16 for e2m1 weights (the kernel's e2m1 decode is bf16),
     fp16 otherwise (e4m3 weights convert to fp16 in one instruction; integer weights decode cheapest in fp16)."""
     return torch.bfloat16 if str(scheme.weight) == "e2m1" else torch.float16
+
+
+def nv_values_reason(spec) -> str | None:
+    """None where ``spec`` is NVFP4 activations (e2m1 codes, e4m3 block scales, a global scale), whose code x block
+    scale values bf16 holds exactly (``dense.block_act_values``: at most 6 significant bits, 2**-10 .. 2688) with
+    the global scale per row, else why not."""
+    if spec is None or str(spec.dtype) != "e2m1" or str(spec.scale_dtype) != "e4m3fn" or not spec.global_scale:
+        return f"bf16 values with a row scale are made from NVFP4 activations (e2m1, e4m3 blocks, global), not {spec}"
+    return None
 
 
 def act_reason(scheme, k: int) -> str | None:
@@ -53,7 +63,8 @@ class MMADecodeAct(MMADecode):
         if call.op != "quant_linear" or call.experts:
             return "the native decode kernel runs dense linear layers"
         # MXFP4 activations (W4A4-MXFP4) run as e4m3 rows (dense.triton_quantize_mx_rows): a scale per row
-        why = None if mx_rows_reason(call.scheme.act) is None else act_reason(call.scheme, call.k)
+        why = None if mx_rows_reason(call.scheme.act) is None or nv_values_reason(call.scheme.act) is None \
+            else act_reason(call.scheme, call.k)
         if why:
             return f"{call.scheme.name}: {why}"
         if call.m > MAX_M:
@@ -80,6 +91,11 @@ class MMADecodeAct(MMADecode):
             codes, scales = triton_quantize_mx_rows(x2, act, code_dtype(qw.scheme))
             dm.run(codes, packed_view(qw, None), bias, target, kw=cfg.split_k, tw=cfg.block_n // 16,
                    unroll=cfg.num_stages, row_scales=scales.view(-1))
+            return
+        if nv_values_reason(act) is None:  # NVFP4 activations: code x block scale in bf16, the global per row
+            values, rows = block_act_values(x2, act, code_dtype(qw.scheme), qw.input_scale)
+            dm.run(values, packed_view(qw, None), bias, target, kw=cfg.split_k, tw=cfg.block_n // 16,
+                   unroll=cfg.num_stages, row_scales=rows)
             return
         codes, scales = quantize_activation_values(x2, act, code_dtype(qw.scheme))
         grouped = bool(act.group_k) and act.group_k != qw.K
