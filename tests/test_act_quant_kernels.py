@@ -21,8 +21,11 @@ SCHEMES = ["w8a8-fp8", "w8a8-fp8-block", "w4a8-fp8", "w4a8-mxfp4", "weight=e2m1,
 @pytest.mark.parametrize("scheme", ["w8a8-fp8", "w8a8-fp8-block", "w8a8-int8",
                                     "weight=int8,scale=fp32:channel,act=int8/fp32:g128", "w4a4-mxfp4", "w4a4-nvfp4",
                                     "w8a8-mxfp8"])
-def test_activation_quantizer_matches_reference(scheme, rng):
+@pytest.mark.parametrize("fast", [False, True], ids=["per_group", "tiled"])
+def test_activation_quantizer_matches_reference(scheme, fast, monkeypatch, rng):
+    from humming_triton.kernels import dense
     from humming_triton.kernels.dense import triton_quantize_activation
+    monkeypatch.setattr(dense, "FAST_ACT_QUANT", fast)  # block formats: a program per group, or tiles of them
     act = ht.QuantScheme.parse(scheme).act
     x = (torch.randn(37, 640, generator=rng) * 4).half()
     x[3] = 0  # an all-zero row keeps scale 1

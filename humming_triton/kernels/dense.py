@@ -162,7 +162,7 @@ def triton_quantize_mx_rows(x2: torch.Tensor, spec: ActQuant,
     against its row's scale -- exact for blocks within ``MX_ROW_SPAN`` binades of the row's largest, nearest
     below that (``_act_quant.act_quant_mx_rows_kernel``; ``mx_rows_reference`` is the torch twin).  One launch.
     ``values`` (fp16 / bf16): the codes' values in that type instead of their bytes (exact)."""
-    from ._act_quant import act_quant_mx_rows_kernel
+    from ._act_quant import act_quant_mx_rows_f64_kernel, act_quant_mx_rows_kernel
     why = mx_rows_reason(spec)
     if why:
         raise ValueError(why)
@@ -172,7 +172,11 @@ def triton_quantize_mx_rows(x2: torch.Tensor, spec: ActQuant,
         raise ValueError(f"code values are fp16 / bf16, not {values}")
     codes = torch.empty(m, k, dtype=values or torch.uint8, device=x2.device)
     scales = torch.empty(m, 1, dtype=torch.float32, device=x2.device)
-    if m:
+    if m and not FAST_ACT_QUANT:
+        act_quant_mx_rows_f64_kernel[(m,)](x2, codes, scales, k, x2.stride(0), codes.stride(0),
+                                           BLOCK_K=max(32, min(1024, triton.next_power_of_2(k))),
+                                           CODE_VALUES=values is not None, num_warps=4)
+    elif m:
         block = max(32, triton.next_power_of_2(k))
         one_pass = block <= ONE_PASS_ELEMENTS
         block = block if one_pass else TWO_PASS_BLOCK
@@ -227,6 +231,11 @@ ONE_PASS_ELEMENTS = 16384  # the most of one row an fp32-quantizer program holds
 TWO_PASS_BLOCK = 4096  # the chunk of a longer row (walked twice: amax, then codes)
 GROUP_TILE = 1024  # elements per program for per-group scales: several groups at once (8 of 128)
 F32_COMPARE = False  # the quantizer's rounding decided in fp32 instead of float64 (exact either way; untimed)
+# Opt-in until a device measurement (scripts/act_quant_probe.py, the benchmark's --compare) says it is faster: the
+# fp32 e4m3-rows quantizer (else its float64 twin), the block quantizer's multi-group tiles (else a program per
+# group), and dequant_mm's one-launch dequantized activations (else quantize + the torch composition).  Same
+# bytes either way (tests/test_scaled_mm_mx.py, tests/test_act_quant_kernels.py).
+FAST_ACT_QUANT = os.environ.get("HT_FAST_ACT_QUANT") == "1"
 
 
 def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scales: torch.Tensor,
@@ -251,7 +260,8 @@ def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scal
         return
     block = min(1024, triton.next_power_of_2(g))
     # small power-of-two groups: several per program (a [per_prog, g] tile), as many as GROUP_TILE elements
-    per_prog = min(GROUP_TILE // g, triton.next_power_of_2(groups)) if block == g and k % g == 0 else 1
+    per_prog = min(GROUP_TILE // g, triton.next_power_of_2(groups)) \
+        if FAST_ACT_QUANT and block == g and k % g == 0 else 1
     act_quant_kernel[(m, triton.cdiv(groups, per_prog))](
         x2, codes, scales, gscale if gscale is not None else scales, k, x2.stride(0), codes.stride(0),
         scales.stride(0), scales.stride(1), KIND=ACT_KINDS[str(spec.dtype)],
@@ -507,7 +517,7 @@ def dequant_linear(x: torch.Tensor, x2: torch.Tensor, qw: QuantWeight, bias: tor
                    out_dtype: torch.dtype, cfg: KernelConfig, out: torch.Tensor | None) -> torch.Tensor:
     """Dequantize the weight once per call (Triton), then cuBLAS; a quantized-activation scheme quantizes x as
     it says first and runs its dequantized values in x's dtype."""
-    if block_scaled_act(qw.scheme.act):  # one launch, the torch composition's result bit for bit
+    if FAST_ACT_QUANT and block_scaled_act(qw.scheme.act):  # one launch, the torch composition's bits
         x2 = triton_dequantize_activation(x2, qw.scheme.act, qw.input_scale, x2.dtype)
     elif qw.scheme.act is not None:
         check_act_group(qw.scheme.act, qw.K)
