@@ -1,8 +1,9 @@
 """The activation quantizers alone on the GPU (issue 12): same-run A/B of their variants, with % of copy rate.
 
 At K = 8192 and M = 1 / 16 / 256 / 4096, timed like the benchmark (CUDA-graph replay, L2 flushed, median):
-- MXFP4 e4m3 rows (``act_quant_mx_rows_kernel``, the fp32 one-pass kernel) against the float64 two-pass kernel it
-  replaced (``act_quant_mx_rows_f64_kernel``), bytes and bf16 code values; outputs compared byte for byte;
+- MXFP4 e4m3 rows (``act_quant_mx_rows_kernel``, the fp32 kernel, at ``dense.mx_rows_shape``'s launch shape and
+  at each shape it chooses between) against the float64 two-pass kernel (``act_quant_mx_rows_f64_kernel``, today's
+  default), bytes and bf16 code values; outputs compared byte for byte;
 - per-token e4m3 (``act_quant_f32_kernel``) over num_warps 4 / 8 / 16 and F32_COMPARE off / on (outputs compared);
 - NVFP4 block activations (``act_quant_kernel``): one 16-wide group per program vs 64 groups per program.
 % copy = (bytes read + written) / time / the benchmark's measured copy bandwidth.  JSON to argv[1]."""
@@ -57,8 +58,20 @@ def main(out_path: str | None) -> None:
             tag = "bytes" if values is None else "bf16"
             out_bytes = m * k * (1 if values is None else 2) + 4 * m
             timed(f"mx_rows_fp32_{tag}", lambda: dense.triton_quantize_mx_rows(x, mx, values), m, out_bytes,
-                  same_as_f64=same)
+                  same_as_f64=same, shape=list(dense.mx_rows_shape(m, k)))
             timed(f"mx_rows_f64_{tag}", old, m, out_bytes)
+            if values is not None:
+                continue
+            for one, block, warps in ((True, 8192, 16), (True, 8192, 32), (False, 1024, 4), (False, 2048, 8),
+                                      (False, 4096, 8)):  # the launch shapes mx_rows_shape chooses between
+                def shaped():
+                    aq.act_quant_mx_rows_kernel[(m,)](x, codes_old, scales_old, k, x.stride(0), codes_old.stride(0),
+                                                      BLOCK_K=block, ONE_PASS=one, CODE_VALUES=False,
+                                                      num_warps=warps)
+                shaped()
+                same = torch.equal(codes_old, codes_new) and torch.equal(scales_old, scales_new)
+                timed(f"mx_rows_fp32_{'one' if one else 'two'}_{block}_w{warps}", shaped, m, out_bytes,
+                      same_as_library=same)
         codes = torch.empty(m, k, dtype=torch.uint8, device="cuda")
         scales = torch.empty(m, 1, dtype=torch.float32, device="cuda")
         ref = None

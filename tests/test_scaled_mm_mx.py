@@ -97,7 +97,7 @@ def test_mx_rows_quantizer_is_its_torch_twin(fast, monkeypatch, rng):
     from humming_triton.kernels.dense import mx_rows_reference, triton_quantize_mx_rows
     monkeypatch.setattr(dense, "FAST_ACT_QUANT", fast)
     spec = ht.QuantScheme.parse("w4a4-mxfp4").act
-    for m, k in ((9, 320), (1, 32), (8, 2080), (8, 16416)):  # the last: two passes (K above one program's row)
+    for m, k in ((9, 320), (1, 32), (8, 2080), (8, 16416), (260, 2080)):  # the last two: two passes (fp32)
         x = _mx_activations(max(m, 8), k, rng)[:m]
         codes, scales = triton_quantize_mx_rows(x, spec)
         ref_codes, ref_scales = mx_rows_reference(x, spec)

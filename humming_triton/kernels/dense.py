@@ -177,13 +177,25 @@ def triton_quantize_mx_rows(x2: torch.Tensor, spec: ActQuant,
                                            BLOCK_K=max(32, min(1024, triton.next_power_of_2(k))),
                                            CODE_VALUES=values is not None, num_warps=4)
     elif m:
-        block = max(32, triton.next_power_of_2(k))
-        one_pass = block <= ONE_PASS_ELEMENTS
-        block = block if one_pass else TWO_PASS_BLOCK
+        one_pass, block, warps = mx_rows_shape(m, k)
         act_quant_mx_rows_kernel[(m,)](x2, codes, scales, k, x2.stride(0), codes.stride(0), BLOCK_K=block,
-                                       ONE_PASS=one_pass, CODE_VALUES=values is not None,
-                                       num_warps=min(16, max(4, block // 512)))
+                                       ONE_PASS=one_pass, CODE_VALUES=values is not None, num_warps=warps)
     return codes, scales
+
+
+MX_ROWS_ONE_PASS_ROWS = 256  # up to about two programs per SM: latency rules, one read of each row
+MX_ROWS_CHUNK = 2048  # many rows: chunks walked twice (the second read hits L2)
+
+
+def mx_rows_shape(m: int, k: int) -> tuple[bool, int, int]:
+    """(one pass, BLOCK_K, num_warps) of ``act_quant_mx_rows_kernel``.  Few rows (or short ones): the row held in
+    registers, 8 of it per thread (47 registers at K = 8192, 32 warps; ptxas sm_90).  Many long rows: 2048-wide
+    chunks walked twice by 8 warps (48 registers: five programs share an SM, so one's loads overlap another's
+    arithmetic; the one-pass program of 16 warps took 89 and fit once).  Untimed: the probe sweeps both."""
+    block = max(32, triton.next_power_of_2(k))
+    if block <= MX_ROWS_CHUNK or (block <= ONE_PASS_ELEMENTS and m <= MX_ROWS_ONE_PASS_ROWS):
+        return True, block, max(4, min(32, block // 256))
+    return False, MX_ROWS_CHUNK, 8
 
 
 def mx_rows_reference(x2: torch.Tensor, spec: ActQuant) -> tuple[torch.Tensor, torch.Tensor]:
@@ -256,7 +268,9 @@ def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scal
         act_quant_f32_kernel[(m, triton.cdiv(groups, per_prog))](
             x2, codes, scales, k, x2.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
             INT8=str(spec.dtype) == "int8", GROUP_K=g, GROUPS=per_prog, BLOCK_K=block,
-            CODE_VALUES=codes.dtype != torch.uint8, F32_COMPARE=F32_COMPARE, num_warps=min(16, max(4, block * per_prog // 1024)))
+            CODE_VALUES=codes.dtype != torch.uint8, F32_COMPARE=F32_COMPARE,
+            # FAST_ACT_QUANT: 16 elements per thread, not 32 (61 registers, not 128, at K = 8192: 2 programs per SM)
+            num_warps=min(16, max(4, block * per_prog // (512 if FAST_ACT_QUANT else 1024))))
         return
     block = min(1024, triton.next_power_of_2(g))
     # small power-of-two groups: several per program (a [per_prog, g] tile), as many as GROUP_TILE elements
