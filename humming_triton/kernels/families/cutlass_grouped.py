@@ -191,19 +191,23 @@ class CutlassGroupedMXA8(CutlassGroupedMX):
         return None
 
     def run(self, x, offsets, qw, bias, out_dtype, cfg: KernelConfig, out):
-        from ..dense import check_act_group, triton_quantize_activation
+        from .. import dense
         t, n = x.shape[0], qw.N
         out_dtype = out.dtype if out is not None else (out_dtype or x.dtype)
         bias = qw.bias if bias is None else bias
         p = self.packed(qw)
         if bias is not None or isinstance(p, str) or t == 0:  # the Triton grouped kernel (or an empty batch)
             return super().run(x, offsets, qw, bias, out_dtype, cfg, out)
-        check_act_group(qw.scheme.act, qw.K)
-        q = triton_quantize_activation(x if x.is_contiguous() else x.contiguous(), qw.scheme.act, qw.input_scale)
-        codes = q.codes.view(torch.float8_e4m3fn).to(torch.bfloat16)  # exact
+        dense.check_act_group(qw.scheme.act, qw.K)
+        xc = x if x.is_contiguous() else x.contiguous()
+        if dense.FAST_ACT_QUANT and qw.input_scale is None:  # the quantizer writes the bf16 code values itself
+            codes, scales = dense.quantize_activation_values(xc, qw.scheme.act, torch.bfloat16)
+        else:
+            q = dense.triton_quantize_activation(xc, qw.scheme.act, qw.input_scale)
+            codes, scales = q.codes.view(torch.float8_e4m3fn).to(torch.bfloat16), q.scales  # exact
         y = torch.empty(t, n, dtype=torch.bfloat16, device=x.device)
         gg.run(codes, p, offsets, y, variant_of(cfg))
-        y.mul_(q.scales.reshape(t, 1))  # in fp32, rounded once more to bf16
+        y.mul_(scales.reshape(t, 1))  # in fp32, rounded once more to bf16
         if out is not None:
             return out.copy_(y)
         return y if out_dtype == torch.bfloat16 else y.to(out_dtype)
