@@ -289,11 +289,9 @@ def block_scaled_act(spec: ActQuant | None) -> bool:
     return spec is not None and str(spec.scale_dtype) in ("e8m0", "e4m3fn")
 
 
-def triton_dequantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: torch.Tensor | None,
-                                 dtype: torch.dtype) -> torch.Tensor:
-    """``dequantize_activation(quantize_activation(x))`` rounded to ``dtype``, bit for bit, in one quantizer launch
-    (plus NV's global-scale reduction) for block-scaled activations: each value is code x block scale (x global)
-    in fp32, as the torch composition multiplies, without its four fp32 [M, K] temporaries."""
+def _block_act_values(x2: torch.Tensor, spec: ActQuant, input_scale: torch.Tensor | None, dtype: torch.dtype,
+                      mode: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(values in ``dtype`` [M, K] that ``act_quant_kernel`` writes in VALUES ``mode``, the global scale or None)."""
     m, k = x2.shape
     g = spec.group_k or k
     check_act_group(spec, k)
@@ -301,8 +299,16 @@ def triton_dequantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: 
     scales = torch.empty(m, -(-k // g), dtype=torch.uint8, device=x2.device)
     gscale = triton_global_scale(x2, spec) if spec.global_scale and input_scale is None else \
         global_act_scale(x2, spec, input_scale)
-    launch_act_quant(x2, spec, out, scales, gscale, values=2)
-    return out
+    launch_act_quant(x2, spec, out, scales, gscale, values=mode)
+    return out, gscale
+
+
+def triton_dequantize_activation(x2: torch.Tensor, spec: ActQuant, input_scale: torch.Tensor | None,
+                                 dtype: torch.dtype) -> torch.Tensor:
+    """``dequantize_activation(quantize_activation(x))`` rounded to ``dtype``, bit for bit, in one quantizer launch
+    (plus NV's global-scale reduction) for block-scaled activations: each value is code x block scale (x global)
+    in fp32, as the torch composition multiplies, without its four fp32 [M, K] temporaries."""
+    return _block_act_values(x2, spec, input_scale, dtype, 2)[0]
 
 
 def block_act_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dtype,
@@ -310,14 +316,8 @@ def block_act_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dtype,
     """NV / MX activations as (code x block scale values in ``dtype`` [M, K], fp32 row scales [M]: the global
     scale, 1 without one): exact, e2m1 x e4m3 has at most 6 significant bits, e2m1 x 2**e one -- for a GEMM on
     16-bit values with a scale per row (the decode kernel).  The products are the reference's."""
-    m, k = x2.shape
-    g = spec.group_k or k
-    check_act_group(spec, k)
-    out = torch.empty(m, k, dtype=dtype, device=x2.device)
-    scales = torch.empty(m, -(-k // g), dtype=torch.uint8, device=x2.device)
-    gscale = triton_global_scale(x2, spec) if spec.global_scale and input_scale is None else \
-        global_act_scale(x2, spec, input_scale)
-    launch_act_quant(x2, spec, out, scales, gscale, values=1)
+    out, gscale = _block_act_values(x2, spec, input_scale, dtype, 1)
+    m = x2.shape[0]
     rows = gscale.reshape(1).expand(m) if gscale is not None else torch.ones(1, device=x2.device).expand(m)
     return out, rows.contiguous()
 
