@@ -35,7 +35,8 @@ def main(out_path: str | None) -> None:
         fn()
         us = time_gpu(fn, budget_s=0.1)["us"]
         moved = m * k * 2 + out_bytes
-        row = {"m": m, "k": k, "case": name, "us": round(us, 2), "pct_copy": round(100 * moved / us / 1e3 / copy_gbps, 1),
+        pct = round(100 * moved / us / 1e3 / copy_gbps, 1)
+        row = {"m": m, "k": k, "case": name, "us": round(us, 2), "pct_copy": pct,
                **extra}
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -98,8 +99,9 @@ def main(out_path: str | None) -> None:
         ref = None
         for per in (1, 64):
             def run():
-                aq.act_quant_kernel[(m, -(-groups // per))](x, codes, nv_scales, gscale, k, x.stride(0), codes.stride(0),
-                                                        nv_scales.stride(0), nv_scales.stride(1), KIND=3,
+                aq.act_quant_kernel[(m, -(-groups // per))](x, codes, nv_scales, gscale, k, x.stride(0),
+                                                            codes.stride(0), nv_scales.stride(0), nv_scales.stride(1),
+                                                            KIND=3,
                                                         SCALE_KIND=2, GROUP_K=16, BLOCK_K=16, SCALE_VALUES=False,
                                                         GROUPS=per)
             run()

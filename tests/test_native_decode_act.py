@@ -206,7 +206,8 @@ def test_kernel_matches_reference(scheme, shape, dtype, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("scheme", ["w8a8-fp8", "w4a8-int8", "w4a8-mxfp4", "w8a8-fp8-block", "w4a4-mxfp4", "w4a4-nvfp4"])
+@pytest.mark.parametrize("scheme", ["w8a8-fp8", "w4a8-int8", "w4a8-mxfp4", "w8a8-fp8-block", "w4a4-mxfp4",
+                                    "w4a4-nvfp4"])
 def test_non_finite_rows_stay_in_their_row(scheme, rng):
     fam = _gpu_family()
     from humming_triton.calls import Call
