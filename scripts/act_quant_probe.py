@@ -101,9 +101,8 @@ def main(out_path: str | None) -> None:
             def run():
                 aq.act_quant_kernel[(m, -(-groups // per))](x, codes, nv_scales, gscale, k, x.stride(0),
                                                             codes.stride(0), nv_scales.stride(0), nv_scales.stride(1),
-                                                            KIND=3,
-                                                        SCALE_KIND=2, GROUP_K=16, BLOCK_K=16, SCALE_VALUES=False,
-                                                        GROUPS=per)
+                                                            KIND=3, SCALE_KIND=2, GROUP_K=16, BLOCK_K=16,
+                                                            SCALE_VALUES=False, GROUPS=per)
             run()
             got = (codes.clone(), nv_scales.clone())
             ref = ref or got
