@@ -303,19 +303,10 @@ def act_quant_mx_rows_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_cm, 
 
 @triton.jit
 def act_quant_mx_rows_f64_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_cm, BLOCK_K: tl.constexpr,
-                             CODE_VALUES: tl.constexpr = False):
-    """MXFP4 activations (e2m1 codes, an e8m0 scale per 32 of K: the reference's quantization, code for code)
-    written as e4m3 codes with one fp32 power-of-two scale per row, for fp8 GEMMs with row-wise scales.
-
-    Row scale 2**r with r = e_row - 6, e_row the largest block exponent of the row (that of its finite amax: the
-    block exponent grows with the block amax).  Each value code * 2**e is stored as code * 2**(e - r): exact on
-    e4m3's grid for e - r in [-8, 6] (6 * 2**6 = 384 <= 448; 0.5 * 2**-8 is e4m3's smallest subnormal), i.e. for
-    blocks within 14 binades of the row's largest.  A block further below is rounded to nearest on that grid:
-    each of its values moves by at most 2**-10 * 2**r = 2**-16 * 2**e_row, below 2**-18 of the row's largest
-    value.  Non-finite inputs: the row scale is NaN (the reference gives that group a NaN scale, so the GEMM row
-    is NaN) and the group's codes are zero.  One program per row, two passes over BLOCK_K-wide chunks.
-    CODE_VALUES: store each code's value in the 16-bit float type of ``codes_ptr`` (exact: e4m3 is a subset of
-    fp16 and of bf16), for the decode kernel on code values."""
+                                 CODE_VALUES: tl.constexpr = False):
+    """``act_quant_mx_rows_kernel``'s float64 twin (the same bytes and scales), today's default until the
+    device measurement of ``dense.FAST_ACT_QUANT``: block scales by float64 division, two passes over BLOCK_K-wide
+    chunks of one row per program.  Removed once the fp32 kernel is timed faster."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
     GROUPS: tl.constexpr = BLOCK_K // 32
