@@ -267,17 +267,8 @@ def act_quant_mx_rows_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_cm, 
         amax = tl.max(tl.where(finite, ax, 0.0), axis=1)
         any_bad = tl.max(tl.max(tl.where(finite, 0, 1), axis=1), axis=0) > 0
         row_amax = tl.max(amax, axis=0)
-    else:
-        acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        nonfinite = tl.zeros((BLOCK_K,), dtype=tl.int32)
-        for k0 in range(0, K, BLOCK_K):
-            o = k0 + tl.arange(0, BLOCK_K)
-            a = tl.abs(tl.load(x_row + o, mask=o < K, other=0.0).to(tl.float32))
-            ok = a < float("inf")
-            acc = tl.maximum(acc, tl.where(ok, a, 0.0))
-            nonfinite = tl.maximum(nonfinite, tl.where(ok, 0, 1))
-        any_bad = tl.max(nonfinite, axis=0) > 0
-        row_amax = tl.max(acc, axis=0)
+    else:  # the whole row as one "group" of the block quantizer's amax walk
+        row_amax, any_bad = _group_amax(x_row, 0, 1 << 30, K, BLOCK_K)
     r = _e8m0_exponent(row_amax) - 6
     # r is in [-133, 120]: 2**r as float64 bits then fp32 (2**-133 is an fp32 subnormal, exact)
     tl.store(rs_ptr + row, tl.where(any_bad, float("nan"), pow2_f64(r).to(tl.float32)))
