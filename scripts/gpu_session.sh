@@ -40,6 +40,8 @@
 #   blockwise which block-scaled fp8 recipes F.scaled_mm takes here, and their speed  -> blockwise_probe.txt/json
 #   scaledmm where an fp8 GEMM's time goes: act quantizers, _scaled_mm row-wise vs tensor-wise  -> scaled_mm_probe.txt/json
 #   actquant the activation quantizers alone: mx_rows fp32 vs float64, e4m3 per-token variants  -> act_quant_probe.txt/json
+#   moebreak MoE grouped GEMMs kernel by kernel (scripts/moe_breakdown.py) + ncu sections ($MOENCU_CASES)
+#           -> moe_breakdown.txt/json, moe_ncu.txt
 #   files   the GPU tests of the files in $GPU_TEST_FILES                                -> gpu_tests.txt
 #           (pytest arguments may follow the files, e.g. "tests/test_cutlass_sm90.py -k shuffled": a carried
 #           library built for some CUTLASS formats fails the other formats' cases, which skips tuneclean)
@@ -213,6 +215,15 @@ for step in $STEPS; do
                > "$OUT/scaled_mm_probe.txt" 2>&1 ;;
     actquant) stamp actquant; limited ${ACTQUANT_S:-90} python3 scripts/act_quant_probe.py "$OUT/act_quant_probe.json" \
                > "$OUT/act_quant_probe.txt" 2>&1 ;;  # the activation quantizers alone: variants A/B, % of copy
+    moebreak)  # MoE grouped GEMMs kernel by kernel (torch.profiler): auto and $MOEBREAK_FAMILIES' best, at
+               # $MOEBREAK_CASES; then ncu sections of the auto call's kernels at $MOENCU_CASES
+      stamp moebreak
+      limited ${MOEBREAK_S:-150} python3 scripts/moe_breakdown.py ${MOEBREAK_CASES:+--cases "$MOEBREAK_CASES"} \
+        --families "${MOEBREAK_FAMILIES:-}" --out "$OUT/moe_breakdown.json" > "$OUT/moe_breakdown.txt" 2>&1
+      [ -z "${MOENCU_CASES:-}" ] || { limited ${MOENCU_S:-90} ncu --clock-control none -k regex:"${MOENCU_KERNELS:-device_kernel|decode}" --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section SchedulerStats python3 scripts/moe_breakdown.py --once --cases "$MOENCU_CASES" \
+        > "$OUT/moe_ncu.txt" 2>&1; } ;;
     files)   gpu_tests ${FILES_S:-150} files $GPU_TEST_FILES ;;
     intdecode)  # the integer-decode tile loops (dense.INT_DECODE_ACT): GPU tests, then the same-run A/B probe
       gpu_tests ${INTDEC_TEST_S:-120} intdecode tests/test_act_quant_kernels.py -k integer_decode
