@@ -25,9 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grouped_probe import routed  # noqa: E402
 
 SHAPES = {"qwen3_gate_up": (128, 8, 1536, 2048), "qwen3_down": (128, 8, 2048, 768),
-          "mixtral_gate_up": (8, 2, 28672, 4096), "mixtral_down": (8, 2, 4096, 14336)}
+          "mixtral_gate_up": (8, 2, 28672, 4096), "mixtral_down": (8, 2, 4096, 14336),
+          # one expert holding all 128 of Qwen3's: the same bytes and tiles as 16 rows on each of 128 experts (256
+          # tokens), without a group change between a CTA's tiles -- what the per-group switch costs
+          "flat_qwen3_down": (1, 1, 128 * 2048, 768), "flat_qwen3_gate_up": (1, 1, 128 * 1536, 2048)}
 DEFAULT_CASES = ("w4a8-mxfp4:qwen3_gate_up:4096,w4a8-mxfp4:qwen3_down:256,mxfp4:qwen3_down:256,"
-                 "w4a16:qwen3_down:256,w4a16:qwen3_gate_up:64,mxfp4:mixtral_gate_up:64")
+                 "mxfp4:flat_qwen3_down:16,w4a16:qwen3_down:256,w4a16:flat_qwen3_down:16,"
+                 "w4a16:qwen3_gate_up:256,w4a16:flat_qwen3_gate_up:16,mxfp4:mixtral_gate_up:64")
 
 
 def kernel_times(fn, calls: int = 10) -> dict[str, float]:
