@@ -385,9 +385,13 @@ def _fp32_codes(x, s, INT8: tl.constexpr, F32_COMPARE: tl.constexpr = False):
 
 
 @triton.jit
-def _stored(v, codes_ptr, INT8: tl.constexpr, CODE_VALUES: tl.constexpr):
-    """Code values (fp32) as stored: the value in the 16-bit type of ``codes_ptr`` (CODE_VALUES), else the byte."""
-    if CODE_VALUES:  # one return statement: Triton 3.6 rejects returns under an if
+def _stored(v, s, codes_ptr, INT8: tl.constexpr, CODE_VALUES: tl.constexpr):
+    """Code values (fp32) as stored: CODE_VALUES 1: the value in the 16-bit type of ``codes_ptr``; 2: the dequantized
+    value, code x scale in fp32 rounded once to that type (``dequantize_activation(quantize_activation(x))``, as the
+    reference multiplies); 0: the byte."""
+    if CODE_VALUES == 2:  # one return statement: Triton 3.6 rejects returns under an if
+        c = (v * s).to(codes_ptr.dtype.element_ty)
+    elif CODE_VALUES:
         c = v.to(codes_ptr.dtype.element_ty)
     elif INT8:
         c = v.to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True)
@@ -415,7 +419,8 @@ def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, 
 
     BLOCK_K >= GROUP_K: one pass, the groups held in registers as a [GROUPS, BLOCK_K] tile; else (one long group
     per program) two passes over BLOCK_K-wide chunks.  No division per element (``_fp32_codes``): the float64
-    division and rounding of ``act_quant_kernel`` made the quantizer ~120-230 µs of a 4096 x 8192 call.  CODE_VALUES: store each code's value in the 16-bit float type of
+    division and rounding of ``act_quant_kernel`` made the quantizer ~120-230 µs of a 4096 x 8192 call.  CODE_VALUES 2: store code x scale
+    instead (``_stored``).  CODE_VALUES 1: store each code's value in the 16-bit float type of
     ``codes_ptr`` (exact: e4m3 and int8 are subsets of fp16 and of bf16) for the MMA kernels on code values."""
     QMAX: tl.constexpr = 127.0 if INT8 else 448.0
     row = tl.program_id(0).to(tl.int64)
@@ -431,20 +436,24 @@ def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, 
         a = tl.max(tl.where(finite, ax, 0.0), axis=1)
         bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
         s = _group_scale(a, QMAX)
-        tl.store(scales_ptr + row * stride_sm + g * stride_sg, tl.where(bad, float("nan"), s), mask=g < groups)
+        stored_s = tl.where(bad, float("nan"), s)
+        tl.store(scales_ptr + row * stride_sm + g * stride_sg, stored_s, mask=g < groups)
         v = _fp32_codes(tl.where(bad[:, None], 0.0, x), s[:, None], INT8, F32_COMPARE)
-        tl.store(codes_ptr + row * stride_cm + offs, _stored(v, codes_ptr, INT8, CODE_VALUES), mask=mask)
+        tl.store(codes_ptr + row * stride_cm + offs, _stored(v, stored_s[:, None], codes_ptr, INT8, CODE_VALUES),
+                 mask=mask)
     else:
         gi = tl.program_id(1)
         k_begin = gi * GROUP_K
         a, bad = _group_amax(x_ptr + row * stride_xm, k_begin, GROUP_K, K, BLOCK_K)
         s = _group_scale(a, QMAX)
-        tl.store(scales_ptr + row * stride_sm + gi * stride_sg, tl.where(bad, float("nan"), s))
+        stored_s = tl.where(bad, float("nan"), s)
+        tl.store(scales_ptr + row * stride_sm + gi * stride_sg, stored_s)
         for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
             offs = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
             v = _fp32_codes(tl.where(bad, 0.0, x), s, INT8, F32_COMPARE)
-            tl.store(codes_ptr + row * stride_cm + offs, _stored(v, codes_ptr, INT8, CODE_VALUES), mask=offs < K)
+            tl.store(codes_ptr + row * stride_cm + offs, _stored(v, stored_s, codes_ptr, INT8, CODE_VALUES),
+                     mask=offs < K)
 
 
 @triton.jit

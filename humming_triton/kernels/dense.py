@@ -219,11 +219,14 @@ def mx_rows_reference(x2: torch.Tensor, spec: ActQuant) -> tuple[torch.Tensor, t
     return codes, scales[:, None]
 
 
-def quantize_activation_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activation_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dtype, dequantized: bool = False
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` -> (its dynamic e4m3 / int8 codes as ``dtype`` values [M, K], fp32 scales [M, groups]; one
     group for per-token scales): the codes ``triton_quantize_activation`` makes (the same kernel), stored as
     16-bit floats for the MMA kernels that multiply them in fp16 / bf16 (exact: e4m3 and int8 are subsets of
-    both)."""
+    both).  ``dequantized``: code x scale instead, in fp32 rounded once to ``dtype`` -- what the reference's
+    ``dequantize_activation(quantize_activation(x))`` rounds to ``dtype`` (no longer exact: a 16-bit GEMM on these
+    values rounds each activation once more than fp8 tensor cores would)."""
     if str(spec.dtype) not in ("e4m3fn", "int8") or str(spec.scale_dtype) != "fp32" or not spec.per_token \
             or spec.static or spec.global_scale:
         raise ValueError(f"code values are made for dynamic per-token or per-group e4m3 / int8 activations with "
@@ -235,7 +238,7 @@ def quantize_activation_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dt
     g = spec.group_k or k
     values = torch.empty(m, k, dtype=dtype, device=x2.device)
     scales = torch.empty(m, k // g, dtype=torch.float32, device=x2.device)
-    launch_act_quant(x2, spec, values, scales)
+    launch_act_quant(x2, spec, values, scales, values=2 if dequantized else 0)
     return values, scales
 
 
@@ -253,8 +256,9 @@ FAST_ACT_QUANT = os.environ.get("HT_FAST_ACT_QUANT") == "1"
 def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scales: torch.Tensor,
                      gscale: torch.Tensor | None = None, scale_values: bool = False, values: int = 0) -> None:
     """Quantize x [M, K] into ``codes`` (bytes, or 16-bit code values) and ``scales`` (any strides): fp32 scales
-    (e4m3 / int8) through ``act_quant_f32_kernel``, block-scaled formats through ``act_quant_kernel`` (``values``
-    1 / 2: dequantized values into ``codes`` instead, ``_act_quant._stored_codes``)."""
+    (e4m3 / int8) through ``act_quant_f32_kernel`` (``values`` 2: code x scale into 16-bit ``codes`` instead),
+    block-scaled formats through ``act_quant_kernel`` (``values`` 1 / 2: dequantized values into ``codes``
+    instead, ``_act_quant._stored_codes``)."""
     m, k = x2.shape
     if not m:
         return
@@ -268,7 +272,7 @@ def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scal
         act_quant_f32_kernel[(m, triton.cdiv(groups, per_prog))](
             x2, codes, scales, k, x2.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
             INT8=str(spec.dtype) == "int8", GROUP_K=g, GROUPS=per_prog, BLOCK_K=block,
-            CODE_VALUES=codes.dtype != torch.uint8, F32_COMPARE=F32_COMPARE,
+            CODE_VALUES=2 if values == 2 else int(codes.dtype != torch.uint8), F32_COMPARE=F32_COMPARE,
             # FAST_ACT_QUANT: 16 elements per thread, not 32 (61 registers, not 128, at K = 8192: 2 programs per SM)
             num_warps=min(16, max(4, block * per_prog // (512 if FAST_ACT_QUANT else 1024))))
         return
