@@ -256,7 +256,13 @@ struct Params {
   // distinct row, so no expert is missed and no CTA is launched for an expert without rows (decode: 8 routed rows
   // of 128 experts launched 16x the CTAs that had work)
   int row_grid;
+  // chunks of each warp's weight range (from its first) prefetched into L2 at the tile's start, 0: none
+  // (ht_decode_set_l2_prefetch; an experiment's knob until timed)
+  int l2_prefetch;
 };
+
+// Host side: the l2_prefetch of every launch after it is set (python: HT_DECODE_L2_PREFETCH, read at load).
+static int g_l2_prefetch = 0;
 
 // What one pass of the tile loop reads and writes: one expert's weight, up to 8 NT rows of x and y.
 struct View {
@@ -328,6 +334,15 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
   const bool active = tile < tiles && c0 < c1;
   if (active) {
     const uint4* wp = v.w + (size_t)tile * p.chunks * LOADS * 32 + lane;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Why: at mid token counts each warp holds one to three 512-byte chunks in registers, too few bytes in flight
+    // per SM for the copy rate (Little's law) -- an L2 prefetch of the range ahead costs no registers.
+    if (p.l2_prefetch > 0 && lane == 0) {
+      const uint4* first = wp - lane + (size_t)c0 * LOADS * 32;
+      const unsigned bytes = (unsigned)min(c1 - c0, p.l2_prefetch) * LOADS * 512u;
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(first), "r"(bytes) : "memory");
+    }
+#endif
     const T* xrow[NT];
     bool xok[NT];
 #pragma unroll
@@ -787,7 +802,7 @@ int ht_decode_mma(const HtDecodeCall* call) {
   Params p{static_cast<const uint4*>(w), x, static_cast<const float2*>(scales), static_cast<const float2*>(zeros),
            static_cast<const uint16_t*>(fp4_scales), bias, y, M, N, K, ldx, ldy, (K + 63) / 64, group_chunks, groups,
            chunks_per_warp, out_scale, row_scales, act_scales, act_ld, bias_dtype, out_dtype, offsets,
-           offsets_i64, out_scales, experts, 0};
+           offsets_i64, out_scales, experts, 0, g_l2_prefetch};
   const int nt = M <= 8 ? 1 : M <= 16 ? 2 : 4;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   int grid_y = experts;  // CTA rows of a grouped launch
@@ -808,5 +823,8 @@ int ht_decode_mma(const HtDecodeCall* call) {
 }
 
 const char* ht_error_string(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
+
+// Chunks of each warp's weight range prefetched into L2 when its tile starts (0: none, the default).
+void ht_decode_set_l2_prefetch(int chunks) { g_l2_prefetch = chunks > 0 ? chunks : 0; }
 
 }  // extern "C"
