@@ -334,15 +334,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
   const bool active = tile < tiles && c0 < c1;
   if (active) {
     const uint4* wp = v.w + (size_t)tile * p.chunks * LOADS * 32 + lane;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // Why: at mid token counts each warp holds one to three 512-byte chunks in registers, too few bytes in flight
-    // per SM for the copy rate (Little's law) -- an L2 prefetch of the range ahead costs no registers.
-    if (p.l2_prefetch > 0 && lane == 0) {
-      const uint4* first = wp - lane + (size_t)c0 * LOADS * 32;
-      const unsigned bytes = (unsigned)min(c1 - c0, p.l2_prefetch) * LOADS * 512u;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(first), "r"(bytes) : "memory");
-    }
-#endif
+
     const T* xrow[NT];
     bool xok[NT];
 #pragma unroll
@@ -612,6 +604,25 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
     }
 }
 
+// The first p.l2_prefetch chunks of this warp's weight range (decode_tile's tile and c0 / c1) prefetched into L2,
+// one bulk prefetch per warp.  Why: at mid token counts each warp holds one to three 512-byte chunks in registers,
+// too few bytes in flight per SM for the copy rate (Little's law); a prefetch costs no registers.  Called by the
+// grouped and the two-token-tile kernels only: in the one-tile dense kernel (issue-bound at M = 1) it moved the
+// loop's schedule by an instruction per chunk.
+template <int KIND>
+__device__ __forceinline__ void prefetch_range(const Params& p, const uint4* w) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int LOADS = code_loads(KIND);
+  const int tile = blockIdx.x * blockDim.z + threadIdx.z, c0 = threadIdx.y * p.chunks_per_warp;
+  const int n = min(min(p.chunks, c0 + p.chunks_per_warp) - c0, p.l2_prefetch);
+  if (p.l2_prefetch > 0 && threadIdx.x == 0 && tile < (p.N + 15) / 16 && n > 0) {
+    const uint4* first = w + ((size_t)tile * p.chunks + c0) * LOADS * 32;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(first), "r"((unsigned)n * LOADS * 512u)
+                 : "memory");
+  }
+#endif
+}
+
 // Dense and grouped launches are separate kernels: registers are allocated per kernel, and the grouped pass loop
 // in the dense kernel took it from 64 to the 128 cap (measured: M = 1 rows 17-36 % slower on the H200).
 // One token tile is bounded to 64 registers (two 512-thread CTAs per SM): without the bound the ping-pong loop took
@@ -623,6 +634,7 @@ __global__ void __launch_bounds__(512, NT == 1 || half_chunk_x<KIND, NT, false>(
     decode_mma_kernel(const Params p) {
   const View v{p.w, p.row_scales, p.act_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M,
                p.out_scale};
+  if constexpr (NT > 1) prefetch_range<KIND>(p, v.w);
   decode_tile<T, KIND, NT, ZERO, U, false, XG>(p, v);
 }
 
@@ -669,6 +681,7 @@ __global__ void HT_GROUPED_BOUNDS decode_mma_grouped_kernel(const Params p) {
   if (p.bias != nullptr)
     v.bias = static_cast<const char*>(p.bias) + (size_t)e * p.N * (p.bias_dtype == DT_F32 ? 4 : 2);
   if (p.out_scales != nullptr) v.out_scale = p.out_scales[e];
+  prefetch_range<KIND>(p, v.w);  // once per expert: the row passes after the first re-read it from L2 anyway
   const size_t ysz = p.out_dtype == DT_F32 ? 4 : 2;
   for (long long m0 = r0; m0 < r1; m0 += 8 * NT) {  // 8 NT rows per pass; the weight tile re-streams from L2
     v.M = (int)min((long long)(8 * NT), r1 - m0);
