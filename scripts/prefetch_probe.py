@@ -22,7 +22,7 @@ from humming_triton.dispatch import call_for  # noqa: E402
 from humming_triton.kernels import families  # noqa: E402
 from grouped_probe import routed  # noqa: E402
 
-DEPTHS = (0, 4, 16, 64)
+DEPTHS = (0, 8, 32)
 GROUPED = [("qwen3_gate_up", 128, 8, 1536, 2048, t) for t in (16, 64, 256)] + \
           [("qwen3_down", 128, 8, 2048, 768, t) for t in (16, 64, 256)] + \
           [("mixtral_gate_up", 8, 2, 28672, 4096, 16), ("mixtral_down", 8, 2, 4096, 14336, 16)]
