@@ -30,6 +30,7 @@ SM100_SOURCES = sorted((HERE / "csrc_sm100").glob("*.cu"))
 SM90_SOURCE = HERE / "csrc_sm90" / "mixed_gemm.cu"
 SM90_GROUPED_SOURCE = HERE / "csrc_sm90_grouped" / "grouped_gemm.cu"  # its own folder: its edits leave the
 # dense kernels' cache keys alone (a key hashes every file of its source's folder)
+SM90_GROUPED_FP8_SOURCE = HERE / "csrc_sm90_grouped_fp8" / "grouped_fp8_gemm.cu"
 DEFAULT_ARCHS = "80,90"
 SM90A = "90a"
 SM100 = "100a"
@@ -109,6 +110,15 @@ def sm90_grouped_kernels() -> list[tuple[int, int]]:
     table = text[text.index("#define HT_SM90G_VARIANTS"):]
     table = table[:table.index("\n\n")]
     return [(f, int(v)) for f in fmts for v in re.findall(r"^\s*X\((\d+),", table, re.M)]
+
+
+def sm90_grouped_fp8_variants() -> list[int]:
+    """The variant ids of csrc_sm90_grouped_fp8/grouped_fp8_gemm.cu (its HT_SM90F8_VARIANTS rows)."""
+    import re
+    text = SM90_GROUPED_FP8_SOURCE.read_text()
+    table = text[text.index("#define HT_SM90F8_VARIANTS"):]
+    table = table[:table.index("\n\n")]
+    return [int(v) for v in re.findall(r"^\s*X\((\d+),", table, re.M)]
 
 
 def parse_grouped(spec: str) -> list[tuple[int, int]]:
@@ -205,7 +215,8 @@ def parse_kernels(spec: str) -> list[tuple[int, int]]:
 def build(archs: list[str], out: Path | None = None, quiet: bool = False, jobs: int | None = None,
           sm90_formats_only: list[int] | None = None, split_variants: bool = False,
           sm90_variants_only: list[int] | None = None, sm90_kernels: list[tuple[int, int]] | None = None,
-          sm90_grouped: list[tuple[int, int]] | None = None, decode_defines: tuple = ()) -> Path:
+          sm90_grouped: list[tuple[int, int]] | None = None, decode_defines: tuple = (),
+          sm90_grouped_fp8: list[int] | None = None) -> Path:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise RuntimeError("nvcc is not on PATH: the native library needs the CUDA toolkit to build")
@@ -230,6 +241,9 @@ def build(archs: list[str], out: Path | None = None, quiet: bool = False, jobs: 
             objs.append(out.with_suffix(f".sm90_grouped_{fmt}_v{v}.o"))
             commands.append(cutlass_command(SM90_GROUPED_SOURCE, objs[-1], SM90A, nvcc,
                                             (f"HT_SM90G_FMT={fmt}", f"HT_SM90G_VARIANT={v}")))
+        for v in sm90_grouped_fp8_variants() if sm90_grouped_fp8 is None else sm90_grouped_fp8:
+            objs.append(out.with_suffix(f".sm90_grouped_fp8_v{v}.o"))
+            commands.append(cutlass_command(SM90_GROUPED_FP8_SOURCE, objs[-1], SM90A, nvcc, (f"HT_SM90F8_VARIANT={v}",)))
     if SM100 in archs:
         for src in SM100_SOURCES:
             objs.append(out.with_suffix(f".{src.stem}.o"))
@@ -266,6 +280,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sm90-grouped", default=None,
                     help="the grouped (MoE) sm_90a kernels to build: FORMATS:VARIANTS groups as in --sm90-kernels, "
                          "or 'none' (default: all of them)")
+    ap.add_argument("--sm90-grouped-fp8", default=None,
+                    help="the grouped fp8 (MoE, e4m3 x e4m3) sm_90a kernels to build: comma-separated variant ids, "
+                         "or 'none' (default: all of them)")
     ap.add_argument("--decode-defines", default="",
                     help="comma-separated NAME=VALUE macros for the decode kernels' compile (an experiment's "
                          "build, e.g. HT_GROUPED_NT1_REGS=80 with --out elsewhere)")
@@ -285,9 +302,17 @@ def main(argv=None) -> int:
         grouped = parse_grouped(args.sm90_grouped) if args.sm90_grouped else None
     except ValueError as e:
         ap.error(str(e))
+    fp8 = None
+    if args.sm90_grouped_fp8 is not None:
+        fp8 = [] if args.sm90_grouped_fp8.strip() == "none" else [int(v) for v in args.sm90_grouped_fp8.split(",")]
+        unknown = sorted(set(fp8) - set(sm90_grouped_fp8_variants()))
+        if unknown:
+            ap.error(f"--sm90-grouped-fp8 names variants the source lacks: {unknown} "
+                     f"(it has {sm90_grouped_fp8_variants()})")
     build([a.strip() for a in args.arch.split(",") if a.strip()], args.out, jobs=args.jobs, sm90_formats_only=only,
           split_variants=args.split_variants, sm90_variants_only=variants, sm90_kernels=kernels,
-          sm90_grouped=grouped, decode_defines=tuple(d for d in args.decode_defines.split(",") if d))
+          sm90_grouped=grouped, decode_defines=tuple(d for d in args.decode_defines.split(",") if d),
+          sm90_grouped_fp8=fp8)
     return 0
 
 
