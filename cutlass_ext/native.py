@@ -46,8 +46,6 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     lib.ht_decode_mma.restype = ctypes.c_int
     lib.ht_error_string.argtypes = [ctypes.c_int]
     lib.ht_error_string.restype = ctypes.c_char_p
-    if hasattr(lib, "ht_decode_set_l2_prefetch"):  # an experiment's knob (decode_mma.cu Params.l2_prefetch)
-        lib.ht_decode_set_l2_prefetch(int(os.environ.get("HT_DECODE_L2_PREFETCH", "0")))
     return lib, None
 
 

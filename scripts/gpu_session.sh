@@ -42,7 +42,6 @@
 #   actquant the activation quantizers alone: mx_rows fp32 vs float64, e4m3 per-token variants  -> act_quant_probe.txt/json
 #   moebreak MoE grouped GEMMs kernel by kernel (scripts/moe_breakdown.py) + ncu sections ($MOENCU_CASES)
 #           -> moe_breakdown.txt/json, moe_ncu.txt
-#   prefetch the native decode kernels' L2 prefetch depths (dense + grouped), same-run A/B -> prefetch_probe.txt/json
 #   files   the GPU tests of the files in $GPU_TEST_FILES                                -> gpu_tests.txt
 #           (pytest arguments may follow the files, e.g. "tests/test_cutlass_sm90.py -k shuffled": a carried
 #           library built for some CUTLASS formats fails the other formats' cases, which skips tuneclean)
@@ -225,8 +224,6 @@ for step in $STEPS; do
         --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats \
         --section SchedulerStats python3 scripts/moe_breakdown.py --once --cases "$MOENCU_CASES" \
         > "$OUT/moe_ncu.txt" 2>&1; } ;;
-    prefetch) stamp prefetch; limited ${PREFETCH_S:-150} python3 scripts/prefetch_probe.py "$OUT/prefetch_probe.json" \
-               > "$OUT/prefetch_probe.txt" 2>&1 ;;  # the decode kernels' L2 prefetch depths, same-run A/B
     files)   gpu_tests ${FILES_S:-150} files $GPU_TEST_FILES ;;
     intdecode)  # the integer-decode tile loops (dense.INT_DECODE_ACT): GPU tests, then the same-run A/B probe
       gpu_tests ${INTDEC_TEST_S:-120} intdecode tests/test_act_quant_kernels.py -k integer_decode

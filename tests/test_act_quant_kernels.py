@@ -336,23 +336,3 @@ def _dequantized_activation_case(scheme, m, k, dtype, rng, dev):
     assert vals.dtype == torch.bfloat16 and rows.shape == (m,)
     assert torch.equal(full.isnan(), want64.isnan())
     torch.testing.assert_close(full.nan_to_num(), want64.nan_to_num(), rtol=2e-7, atol=0)  # fp32 global rounding
-
-
-@pytest.mark.interpret
-@pytest.mark.parametrize("scheme,m,k", [("w8a8-fp8", 7, 640), ("w8a8-fp8", 3, 20000), ("w8a8-int8", 5, 96),
-                                        ("weight=int8,scale=fp32:channel,act=int8/fp32:g128", 4, 640)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_dequantized_fp32_scale_activation_is_the_torch_composition(scheme, m, k, dtype, rng):
-    """Per-token / per-group e4m3 and int8 activations written dequantized (code x scale, rounded once to the
-    16-bit type: ``cutlass_grouped_mx_a8``'s operand) equal the reference's dequantized activation rounded to that
-    type, bit for bit, NaN where it has NaN; the scales are the reference's.  K = 20000: the two-pass chunk loop."""
-    from humming_triton.formats.activation import dequantize_activation, quantize_activation
-    from humming_triton.kernels.dense import quantize_activation_values
-    x, spec = _block_act_case(scheme, m, k, torch.bfloat16, rng, "cpu")
-    ref = quantize_activation(x, scheme)
-    want = dequantize_activation(ref).to(dtype)
-    got, scales = quantize_activation_values(x, spec, dtype, dequantized=True)
-    assert got.dtype == dtype and torch.equal(got.isnan(), want.isnan()) and want.isnan().any()
-    assert torch.equal(got.nan_to_num(), want.nan_to_num())
-    assert torch.equal(scales.isnan(), ref.scales.isnan())
-    assert torch.equal(scales.nan_to_num(), ref.scales.nan_to_num())

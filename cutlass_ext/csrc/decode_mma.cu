@@ -256,13 +256,7 @@ struct Params {
   // distinct row, so no expert is missed and no CTA is launched for an expert without rows (decode: 8 routed rows
   // of 128 experts launched 16x the CTAs that had work)
   int row_grid;
-  // chunks of each warp's weight range (from its first) prefetched into L2 at the tile's start, 0: none
-  // (ht_decode_set_l2_prefetch; an experiment's knob until timed)
-  int l2_prefetch;
 };
-
-// Host side: the l2_prefetch of every launch after it is set (python: HT_DECODE_L2_PREFETCH, read at load).
-static int g_l2_prefetch = 0;
 
 // What one pass of the tile loop reads and writes: one expert's weight, up to 8 NT rows of x and y.
 struct View {
@@ -334,7 +328,6 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
   const bool active = tile < tiles && c0 < c1;
   if (active) {
     const uint4* wp = v.w + (size_t)tile * p.chunks * LOADS * 32 + lane;
-
     const T* xrow[NT];
     bool xok[NT];
 #pragma unroll
@@ -604,25 +597,6 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
     }
 }
 
-// The first p.l2_prefetch chunks of this warp's weight range (decode_tile's tile and c0 / c1) prefetched into L2,
-// one bulk prefetch per warp.  Why: at mid token counts each warp holds one to three 512-byte chunks in registers,
-// too few bytes in flight per SM for the copy rate (Little's law); a prefetch costs no registers.  Called by the
-// grouped and the two-token-tile kernels only: in the one-tile dense kernel (issue-bound at M = 1) it moved the
-// loop's schedule by an instruction per chunk.
-template <int KIND>
-__device__ __forceinline__ void prefetch_range(const Params& p, const uint4* w) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int LOADS = code_loads(KIND);
-  const int tile = blockIdx.x * blockDim.z + threadIdx.z, c0 = threadIdx.y * p.chunks_per_warp;
-  const int n = min(min(p.chunks, c0 + p.chunks_per_warp) - c0, p.l2_prefetch);
-  if (p.l2_prefetch > 0 && threadIdx.x == 0 && tile < (p.N + 15) / 16 && n > 0) {
-    const uint4* first = w + ((size_t)tile * p.chunks + c0) * LOADS * 32;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(first), "r"((unsigned)n * LOADS * 512u)
-                 : "memory");
-  }
-#endif
-}
-
 // Dense and grouped launches are separate kernels: registers are allocated per kernel, and the grouped pass loop
 // in the dense kernel took it from 64 to the 128 cap (measured: M = 1 rows 17-36 % slower on the H200).
 // One token tile is bounded to 64 registers (two 512-thread CTAs per SM): without the bound the ping-pong loop took
@@ -634,7 +608,6 @@ __global__ void __launch_bounds__(512, NT == 1 || half_chunk_x<KIND, NT, false>(
     decode_mma_kernel(const Params p) {
   const View v{p.w, p.row_scales, p.act_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M,
                p.out_scale};
-  if constexpr (NT > 1) prefetch_range<KIND>(p, v.w);
   decode_tile<T, KIND, NT, ZERO, U, false, XG>(p, v);
 }
 
@@ -681,7 +654,6 @@ __global__ void HT_GROUPED_BOUNDS decode_mma_grouped_kernel(const Params p) {
   if (p.bias != nullptr)
     v.bias = static_cast<const char*>(p.bias) + (size_t)e * p.N * (p.bias_dtype == DT_F32 ? 4 : 2);
   if (p.out_scales != nullptr) v.out_scale = p.out_scales[e];
-  prefetch_range<KIND>(p, v.w);  // once per expert: the row passes after the first re-read it from L2 anyway
   const size_t ysz = p.out_dtype == DT_F32 ? 4 : 2;
   for (long long m0 = r0; m0 < r1; m0 += 8 * NT) {  // 8 NT rows per pass; the weight tile re-streams from L2
     v.M = (int)min((long long)(8 * NT), r1 - m0);
@@ -815,7 +787,7 @@ int ht_decode_mma(const HtDecodeCall* call) {
   Params p{static_cast<const uint4*>(w), x, static_cast<const float2*>(scales), static_cast<const float2*>(zeros),
            static_cast<const uint16_t*>(fp4_scales), bias, y, M, N, K, ldx, ldy, (K + 63) / 64, group_chunks, groups,
            chunks_per_warp, out_scale, row_scales, act_scales, act_ld, bias_dtype, out_dtype, offsets,
-           offsets_i64, out_scales, experts, 0, g_l2_prefetch};
+           offsets_i64, out_scales, experts, 0};
   const int nt = M <= 8 ? 1 : M <= 16 ? 2 : 4;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   int grid_y = experts;  // CTA rows of a grouped launch
@@ -836,8 +808,5 @@ int ht_decode_mma(const HtDecodeCall* call) {
 }
 
 const char* ht_error_string(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
-
-// Chunks of each warp's weight range prefetched into L2 when its tile starts (0: none, the default).
-void ht_decode_set_l2_prefetch(int chunks) { g_l2_prefetch = chunks > 0 ? chunks : 0; }
 
 }  // extern "C"

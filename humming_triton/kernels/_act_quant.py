@@ -293,46 +293,6 @@ def act_quant_mx_rows_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_cm, 
 
 
 @triton.jit
-def act_quant_mx_rows_f64_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_cm, BLOCK_K: tl.constexpr,
-                                 CODE_VALUES: tl.constexpr = False):
-    """``act_quant_mx_rows_kernel``'s float64 twin (the same bytes and scales), today's default until the
-    device measurement of ``dense.FAST_ACT_QUANT``: block scales by float64 division, two passes over BLOCK_K-wide
-    chunks of one row per program.  Removed once the fp32 kernel is timed faster."""
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_xm
-    GROUPS: tl.constexpr = BLOCK_K // 32
-    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    nonfinite = tl.zeros((BLOCK_K,), dtype=tl.int32)
-    for k0 in range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
-        ax = tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32))
-        finite = ax < float("inf")  # false for +-inf and NaN
-        amax = tl.maximum(amax, tl.where(finite, ax, 0.0))
-        nonfinite = tl.maximum(nonfinite, tl.where(finite, 0, 1))
-    # (each unused divisor has a name of its own: one shared '_' is a loop-carried variable that changes type)
-    e_row, row_divisor, row_value = block_scale(tl.max(amax, axis=0), 1.0, 6.0, 1)  # biased e8m0 code
-    r = e_row - 127 - 6
-    scale = tl.where(tl.max(nonfinite, axis=0) > 0, float("nan"), pow2_f64(r).to(tl.float32))
-    tl.store(rs_ptr + row, scale)
-    for k0 in range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, GROUPS)[:, None] * 32 + tl.arange(0, 32)[None, :]
-        x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
-        ax = tl.abs(x)
-        finite = ax < float("inf")
-        bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
-        code_e, block_divisor, block_value = block_scale(tl.max(tl.where(finite, ax, 0.0), axis=1), 1.0, 6.0, 1)
-        e = code_e - 127
-        q = tl.where(bad[:, None], 0.0, x.to(tl.float64)) * pow2_f64(-e)[:, None]  # exact: a power of two
-        c = round_to_e2m1(q)
-        v = round_to_e4m3(tl.abs(e2m1_value(c)) * pow2_f64(e - r)[:, None])
-        if CODE_VALUES:
-            out = tl.where((c & 8) != 0, -v, v).to(tl.float32).to(codes_ptr.dtype.element_ty)  # exact both steps
-        else:
-            out = (e4m3_code(v) | tl.where((c & 8) != 0, 128, 0)).to(tl.uint8)
-        tl.store(codes_ptr + row * stride_cm + offs, out, mask=offs < K)
-
-
-@triton.jit
 def _fp32_codes(x, s, INT8: tl.constexpr, F32_COMPARE: tl.constexpr = False):
     """x / s (fp32 x, fp32 scales > 0, per group: [GROUPS, 1] or a scalar) -> e4m3 (or int8) code *values* as
     fp32: the reference's round-to-nearest-even of the exact quotient, saturating at 448 (int8: [-128, 127]),
@@ -385,13 +345,9 @@ def _fp32_codes(x, s, INT8: tl.constexpr, F32_COMPARE: tl.constexpr = False):
 
 
 @triton.jit
-def _stored(v, s, codes_ptr, INT8: tl.constexpr, CODE_VALUES: tl.constexpr):
-    """Code values (fp32) as stored: CODE_VALUES 1: the value in the 16-bit type of ``codes_ptr``; 2: the dequantized
-    value, code x scale in fp32 rounded once to that type (``dequantize_activation(quantize_activation(x))``, as the
-    reference multiplies); 0: the byte."""
-    if CODE_VALUES == 2:  # one return statement: Triton 3.6 rejects returns under an if
-        c = (v * s).to(codes_ptr.dtype.element_ty)
-    elif CODE_VALUES:
+def _stored(v, codes_ptr, INT8: tl.constexpr, CODE_VALUES: tl.constexpr):
+    """Code values (fp32) as stored: the value in the 16-bit type of ``codes_ptr`` (CODE_VALUES), else the byte."""
+    if CODE_VALUES:  # one return statement: Triton 3.6 rejects returns under an if
         c = v.to(codes_ptr.dtype.element_ty)
     elif INT8:
         c = v.to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True)
@@ -419,8 +375,7 @@ def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, 
 
     BLOCK_K >= GROUP_K: one pass, the groups held in registers as a [GROUPS, BLOCK_K] tile; else (one long group
     per program) two passes over BLOCK_K-wide chunks.  No division per element (``_fp32_codes``): the float64
-    division and rounding of ``act_quant_kernel`` made the quantizer ~120-230 µs of a 4096 x 8192 call.  CODE_VALUES 2: store code x scale
-    instead (``_stored``).  CODE_VALUES 1: store each code's value in the 16-bit float type of
+    division and rounding of ``act_quant_kernel`` made the quantizer ~120-230 µs of a 4096 x 8192 call.  CODE_VALUES: store each code's value in the 16-bit float type of
     ``codes_ptr`` (exact: e4m3 and int8 are subsets of fp16 and of bf16) for the MMA kernels on code values."""
     QMAX: tl.constexpr = 127.0 if INT8 else 448.0
     row = tl.program_id(0).to(tl.int64)
@@ -436,24 +391,20 @@ def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, 
         a = tl.max(tl.where(finite, ax, 0.0), axis=1)
         bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
         s = _group_scale(a, QMAX)
-        stored_s = tl.where(bad, float("nan"), s)
-        tl.store(scales_ptr + row * stride_sm + g * stride_sg, stored_s, mask=g < groups)
+        tl.store(scales_ptr + row * stride_sm + g * stride_sg, tl.where(bad, float("nan"), s), mask=g < groups)
         v = _fp32_codes(tl.where(bad[:, None], 0.0, x), s[:, None], INT8, F32_COMPARE)
-        tl.store(codes_ptr + row * stride_cm + offs, _stored(v, stored_s[:, None], codes_ptr, INT8, CODE_VALUES),
-                 mask=mask)
+        tl.store(codes_ptr + row * stride_cm + offs, _stored(v, codes_ptr, INT8, CODE_VALUES), mask=mask)
     else:
         gi = tl.program_id(1)
         k_begin = gi * GROUP_K
         a, bad = _group_amax(x_ptr + row * stride_xm, k_begin, GROUP_K, K, BLOCK_K)
         s = _group_scale(a, QMAX)
-        stored_s = tl.where(bad, float("nan"), s)
-        tl.store(scales_ptr + row * stride_sm + gi * stride_sg, stored_s)
+        tl.store(scales_ptr + row * stride_sm + gi * stride_sg, tl.where(bad, float("nan"), s))
         for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
             offs = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
             v = _fp32_codes(tl.where(bad, 0.0, x), s, INT8, F32_COMPARE)
-            tl.store(codes_ptr + row * stride_cm + offs, _stored(v, stored_s, codes_ptr, INT8, CODE_VALUES),
-                     mask=offs < K)
+            tl.store(codes_ptr + row * stride_cm + offs, _stored(v, codes_ptr, INT8, CODE_VALUES), mask=offs < K)
 
 
 @triton.jit

@@ -162,7 +162,7 @@ def triton_quantize_mx_rows(x2: torch.Tensor, spec: ActQuant,
     against its row's scale -- exact for blocks within ``MX_ROW_SPAN`` binades of the row's largest, nearest
     below that (``_act_quant.act_quant_mx_rows_kernel``; ``mx_rows_reference`` is the torch twin).  One launch.
     ``values`` (fp16 / bf16): the codes' values in that type instead of their bytes (exact)."""
-    from ._act_quant import act_quant_mx_rows_f64_kernel, act_quant_mx_rows_kernel
+    from ._act_quant import act_quant_mx_rows_kernel
     why = mx_rows_reason(spec)
     if why:
         raise ValueError(why)
@@ -172,29 +172,26 @@ def triton_quantize_mx_rows(x2: torch.Tensor, spec: ActQuant,
         raise ValueError(f"code values are fp16 / bf16, not {values}")
     codes = torch.empty(m, k, dtype=values or torch.uint8, device=x2.device)
     scales = torch.empty(m, 1, dtype=torch.float32, device=x2.device)
-    if m and not FAST_ACT_QUANT:
-        act_quant_mx_rows_f64_kernel[(m,)](x2, codes, scales, k, x2.stride(0), codes.stride(0),
-                                           BLOCK_K=max(32, min(1024, triton.next_power_of_2(k))),
-                                           CODE_VALUES=values is not None, num_warps=4)
-    elif m:
+    if m:
         one_pass, block, warps = mx_rows_shape(m, k)
         act_quant_mx_rows_kernel[(m,)](x2, codes, scales, k, x2.stride(0), codes.stride(0), BLOCK_K=block,
                                        ONE_PASS=one_pass, CODE_VALUES=values is not None, num_warps=warps)
     return codes, scales
 
 
-MX_ROWS_ONE_PASS_ROWS = 256  # up to about two programs per SM: latency rules, one read of each row
-MX_ROWS_CHUNK = 2048  # many rows: chunks walked twice (the second read hits L2)
+MX_ROWS_CHUNK = 4096  # rows longer than ONE_PASS_ELEMENTS: chunks walked twice (the second read hits L2)
 
 
 def mx_rows_shape(m: int, k: int) -> tuple[bool, int, int]:
-    """(one pass, BLOCK_K, num_warps) of ``act_quant_mx_rows_kernel``.  Few rows (or short ones): the row held in
-    registers, 8 of it per thread (47 registers at K = 8192, 32 warps; ptxas sm_90).  Many long rows: 2048-wide
-    chunks walked twice by 8 warps (48 registers: five programs share an SM, so one's loads overlap another's
-    arithmetic; the one-pass program of 16 warps took 89 and fit once).  Untimed: the probe sweeps both."""
+    """(one pass, BLOCK_K, num_warps) of ``act_quant_mx_rows_kernel``: the row held in registers by 16 warps (up
+    to 32 values per thread) wherever it fits, else 4096-wide chunks walked twice by 8 warps.  Measured on the
+    H200 at K = 8192 (``scripts/act_quant_probe.py``, session 28): one pass at 16 warps was the fastest shape at
+    every M -- 6.9 / 7.5 / 10.5 / 77.3 µs at M = 1 / 16 / 256 / 4096, against 32 warps 7.4 / 7.7 / 10.8 / 84.4
+    and two passes of 2048 / 4096 (8 warps) 9.0 / 9.4 / 12.2 / 88.8 and 8.1 / 8.4 / 11.5 / 85.5 -- and 1.9-2.7x
+    the float64 kernel it replaced (18.7 / 19.5 / 23.3 / 173.1), byte for byte the same codes."""
     block = max(32, triton.next_power_of_2(k))
-    if block <= MX_ROWS_CHUNK or (block <= ONE_PASS_ELEMENTS and m <= MX_ROWS_ONE_PASS_ROWS):
-        return True, block, max(4, min(32, block // 256))
+    if block <= ONE_PASS_ELEMENTS:
+        return True, block, max(4, min(16, block // 512))
     return False, MX_ROWS_CHUNK, 8
 
 
@@ -219,14 +216,11 @@ def mx_rows_reference(x2: torch.Tensor, spec: ActQuant) -> tuple[torch.Tensor, t
     return codes, scales[:, None]
 
 
-def quantize_activation_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dtype, dequantized: bool = False
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activation_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` -> (its dynamic e4m3 / int8 codes as ``dtype`` values [M, K], fp32 scales [M, groups]; one
     group for per-token scales): the codes ``triton_quantize_activation`` makes (the same kernel), stored as
     16-bit floats for the MMA kernels that multiply them in fp16 / bf16 (exact: e4m3 and int8 are subsets of
-    both).  ``dequantized``: code x scale instead, in fp32 rounded once to ``dtype`` -- what the reference's
-    ``dequantize_activation(quantize_activation(x))`` rounds to ``dtype`` (no longer exact: a 16-bit GEMM on these
-    values rounds each activation once more than fp8 tensor cores would)."""
+    both)."""
     if str(spec.dtype) not in ("e4m3fn", "int8") or str(spec.scale_dtype) != "fp32" or not spec.per_token \
             or spec.static or spec.global_scale:
         raise ValueError(f"code values are made for dynamic per-token or per-group e4m3 / int8 activations with "
@@ -238,7 +232,7 @@ def quantize_activation_values(x2: torch.Tensor, spec: ActQuant, dtype: torch.dt
     g = spec.group_k or k
     values = torch.empty(m, k, dtype=dtype, device=x2.device)
     scales = torch.empty(m, k // g, dtype=torch.float32, device=x2.device)
-    launch_act_quant(x2, spec, values, scales, values=2 if dequantized else 0)
+    launch_act_quant(x2, spec, values, scales)
     return values, scales
 
 
@@ -246,19 +240,18 @@ ONE_PASS_ELEMENTS = 16384  # the most of one row an fp32-quantizer program holds
 TWO_PASS_BLOCK = 4096  # the chunk of a longer row (walked twice: amax, then codes)
 GROUP_TILE = 1024  # elements per program for per-group scales: several groups at once (8 of 128)
 F32_COMPARE = False  # the quantizer's rounding decided in fp32 instead of float64 (exact either way; untimed)
-# Opt-in until a device measurement (scripts/act_quant_probe.py, the benchmark's --compare) says it is faster: the
-# fp32 e4m3-rows quantizer (else its float64 twin), the block quantizer's multi-group tiles (else a program per
-# group), and dequant_mm's one-launch dequantized activations (else quantize + the torch composition).  Same
-# bytes either way (tests/test_scaled_mm_mx.py, tests/test_act_quant_kernels.py).
-FAST_ACT_QUANT = os.environ.get("HT_FAST_ACT_QUANT") == "1"
+# On (measured on the H200, session 28: scripts/act_quant_probe.py, same bytes): the block quantizer's
+# multi-group tiles (NVFP4 at 4096 x 8192 113.5 µs, a program per group 2110), the e4m3 per-token quantizer at
+# 16 elements per thread (74.2 µs vs 79.4), dequant_mm's one-launch dequantized activations, and the bf16 code
+# values of cutlass_grouped_mx_a8.  HT_FAST_ACT_QUANT=0 restores the older launches (to compare, or to bisect).
+FAST_ACT_QUANT = os.environ.get("HT_FAST_ACT_QUANT", "1") != "0"
 
 
 def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scales: torch.Tensor,
                      gscale: torch.Tensor | None = None, scale_values: bool = False, values: int = 0) -> None:
     """Quantize x [M, K] into ``codes`` (bytes, or 16-bit code values) and ``scales`` (any strides): fp32 scales
-    (e4m3 / int8) through ``act_quant_f32_kernel`` (``values`` 2: code x scale into 16-bit ``codes`` instead),
-    block-scaled formats through ``act_quant_kernel`` (``values`` 1 / 2: dequantized values into ``codes``
-    instead, ``_act_quant._stored_codes``)."""
+    (e4m3 / int8) through ``act_quant_f32_kernel``, block-scaled formats through ``act_quant_kernel`` (``values``
+    1 / 2: dequantized values into ``codes`` instead, ``_act_quant._stored_codes``)."""
     m, k = x2.shape
     if not m:
         return
@@ -272,7 +265,7 @@ def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scal
         act_quant_f32_kernel[(m, triton.cdiv(groups, per_prog))](
             x2, codes, scales, k, x2.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
             INT8=str(spec.dtype) == "int8", GROUP_K=g, GROUPS=per_prog, BLOCK_K=block,
-            CODE_VALUES=2 if values == 2 else int(codes.dtype != torch.uint8), F32_COMPARE=F32_COMPARE,
+            CODE_VALUES=codes.dtype != torch.uint8, F32_COMPARE=F32_COMPARE,
             # FAST_ACT_QUANT: 16 elements per thread, not 32 (61 registers, not 128, at K = 8192: 2 programs per SM)
             num_warps=min(16, max(4, block * per_prog // (512 if FAST_ACT_QUANT else 1024))))
         return

@@ -173,13 +173,7 @@ class CutlassGroupedMXA8(CutlassGroupedMX):
     output rounds twice (the GEMM's bf16, then the scaled value), a relative error <= 2^-8 per element -- far inside
     the fp8 activations' tolerance, and no cancellation can magnify it (a product, not a sum).  Why: torch's fp8
     grouped GEMM ran Qwen3's 128 experts at ~200 TFLOP/s (W4A8-MXFP4 gate_up 4096 tokens 1020 us, Humming 303;
-    session 20); bf16 wgmma on the exact codes may beat it there even at half the MMA rate.
-
-    ``FAST_ACT_QUANT`` (opt-in until timed): the quantizer writes each activation dequantized (code x token
-    scale in fp32, rounded once to bf16: the reference's dequantized activation in bf16, as ``dequant_mm``
-    multiplies it) and the GEMM's output is the result -- no widening pass, no [T, N] row-scale pass after the
-    GEMM (at Qwen3 gate_up, 4096 tokens: 200 MB of the ~520 us outside the GEMM, session 27).  Each activation
-    rounds once more (2^-9 relative) in place of the output's second rounding."""
+    session 20); bf16 wgmma on the exact codes may beat it there even at half the MMA rate."""
     name = "cutlass_grouped_mx_a8"
 
     def weight_reason(self, call: Call) -> str | None:
@@ -206,19 +200,16 @@ class CutlassGroupedMXA8(CutlassGroupedMX):
             return super().run(x, offsets, qw, bias, out_dtype, cfg, out)
         dense.check_act_group(qw.scheme.act, qw.K)
         xc = x if x.is_contiguous() else x.contiguous()
-        if dense.FAST_ACT_QUANT and qw.input_scale is None:  # dequantized activations: the GEMM's output is y
-            xq, _ = dense.quantize_activation_values(xc, qw.scheme.act, torch.bfloat16, dequantized=True)
-            direct = out is not None and out.dtype == torch.bfloat16 and out.is_contiguous()
-            y = out if direct else torch.empty(t, n, dtype=torch.bfloat16, device=x.device)
-            gg.run(xq, p, offsets, y, variant_of(cfg))
+        if dense.FAST_ACT_QUANT and qw.input_scale is None:  # the quantizer writes the bf16 code values itself
+            codes, scales = dense.quantize_activation_values(xc, qw.scheme.act, torch.bfloat16)
         else:
             q = dense.triton_quantize_activation(xc, qw.scheme.act, qw.input_scale)
             codes, scales = q.codes.view(torch.float8_e4m3fn).to(torch.bfloat16), q.scales  # exact
-            y = torch.empty(t, n, dtype=torch.bfloat16, device=x.device)
-            gg.run(codes, p, offsets, y, variant_of(cfg))
-            y.mul_(scales.reshape(t, 1))  # in fp32, rounded once more to bf16
+        y = torch.empty(t, n, dtype=torch.bfloat16, device=x.device)
+        gg.run(codes, p, offsets, y, variant_of(cfg))
+        y.mul_(scales.reshape(t, 1))  # in fp32, rounded once more to bf16
         if out is not None:
-            return y if y is out else out.copy_(y)
+            return out.copy_(y)
         return y if out_dtype == torch.bfloat16 else y.to(out_dtype)
 
 
