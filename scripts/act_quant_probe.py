@@ -4,7 +4,8 @@ At K = 8192 and M = 1 / 16 / 256 / 4096, timed like the benchmark (CUDA-graph re
 - MXFP4 e4m3 rows (``act_quant_mx_rows_kernel``) at ``dense.mx_rows_shape``'s launch shape and at other shapes,
   bytes and bf16 code values, outputs compared byte for byte (session 28 also timed the float64 twin this kernel
   replaced: 1.9-2.7x slower);
-- per-token e4m3 (``act_quant_f32_kernel``) over num_warps 4 / 8 / 16 and F32_COMPARE off / on (outputs compared);
+- per-token e4m3 (``act_quant_f32_kernel``) over num_warps 4 / 8 / 16 and F32_COMPARE off / on, and the persistent
+  ``act_quant_token_rows_kernel`` over num_warps 8 / 16 x 1 / 2 / 4 programs per SM (outputs compared);
 - NVFP4 block activations (``act_quant_kernel``): one 16-wide group per program vs 64 groups per program.
 % copy = (bytes read + written) / time / the benchmark's measured copy bandwidth.  JSON to argv[1]."""
 from __future__ import annotations
@@ -80,6 +81,15 @@ def main(out_path: str | None) -> None:
                 timed(f"e4m3_token_w{warps}_{'f32cmp' if f32 else 'f64cmp'}", run, m, m * k + 4 * m,
                       same_as_first=same)
         timed("e4m3_token_library", lambda: dense.triton_quantize_activation(x, fp8), m, m * k + 4 * m)
+        # the persistent per-token quantizer (dense.TOKEN_ROWS_PERSISTENT, opt-in): warps x programs per SM
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        for warps in (8, 16):
+            for per_sm in (1, 2, 4):
+                def rows():
+                    dense._launch_token_rows(x, fp8, codes, scales, k, programs=per_sm * sms, num_warps=warps)
+                rows()
+                same = torch.equal(codes, ref[0]) and torch.equal(scales, ref[1])
+                timed(f"e4m3_token_rows_w{warps}_p{per_sm}", rows, m, m * k + 4 * m, same_as_first=same)
         # NVFP4 activations (e2m1, e4m3 per 16, fp32 global): a program per group vs 64 groups per program
         nv = ht.PRESETS["w4a4-nvfp4"].act
         gscale = dense.triton_global_scale(x, nv)

@@ -336,3 +336,42 @@ def _dequantized_activation_case(scheme, m, k, dtype, rng, dev):
     assert vals.dtype == torch.bfloat16 and rows.shape == (m,)
     assert torch.equal(full.isnan(), want64.isnan())
     torch.testing.assert_close(full.nan_to_num(), want64.nan_to_num(), rtol=2e-7, atol=0)  # fp32 global rounding
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("scheme", ["w8a8-fp8", "w8a8-int8"])
+@pytest.mark.parametrize("m,k,programs", [(7, 640, 3), (5, 96, 1), (4, 2080, 4), (3, 33, 8)])
+def test_persistent_token_quantizer_matches_reference(scheme, m, k, programs, rng):
+    """The persistent per-token quantizer (each program walks rows p, p + P, ..., the next row loaded first; opt-in
+    ``TOKEN_ROWS_PERSISTENT``) writes the reference's codes and scales: fewer programs than rows, more programs than
+    rows, odd K, a NaN row, an inf row, an all-zero row, 16-bit code values."""
+    from humming_triton.kernels import dense
+    x, spec = _block_act_case(scheme, m, k, torch.bfloat16, rng, "cpu")
+    ref = ht.quantize_activation(x, scheme)
+    block = triton_next_pow2(k)
+    for values in (False, True):
+        codes = torch.empty(m, k, dtype=torch.bfloat16 if values else torch.uint8)
+        scales = torch.empty(m, 1, dtype=torch.float32)
+        dense._launch_token_rows(x, spec, codes, scales, block, programs=programs)
+        assert torch.equal(scales.isnan(), ref.scales.isnan())
+        assert torch.equal(scales.nan_to_num(), ref.scales.nan_to_num())
+        want = ref.codes if not values else ref.values().to(torch.bfloat16)
+        assert torch.equal(codes, want), (codes != want).nonzero()[:5].tolist()
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["w8a8-fp8", "w8a8-int8"])
+@pytest.mark.parametrize("m,k", [(1, 8192), (4096, 8192), (333, 2048), (70, 4100)])
+def test_persistent_token_quantizer_on_gpu(scheme, m, k, monkeypatch, rng):
+    from humming_triton.kernels import dense
+    from humming_triton.kernels.dense import triton_quantize_activation
+    monkeypatch.setattr(dense, "TOKEN_ROWS_PERSISTENT", True)
+    x, spec = _block_act_case(scheme, m, k, torch.bfloat16, rng, "cuda")
+    q = triton_quantize_activation(x, spec)
+    ref = ht.quantize_activation(x.cpu(), scheme)
+    assert torch.equal(q.codes.cpu(), ref.codes)
+    assert torch.equal(q.scales.cpu().nan_to_num(), ref.scales.nan_to_num())

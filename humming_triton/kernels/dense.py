@@ -22,7 +22,7 @@ from ..formats.dtypes import FloatType, WideFloat
 from ..formats.scheme import ActQuant, QuantScheme
 from ..formats.weight import QuantWeight
 from . import configs, families
-from ._act_quant import act_quant_f32_kernel, act_quant_kernel, global_scale_kernel
+from ._act_quant import act_quant_f32_kernel, act_quant_kernel, act_quant_token_rows_kernel, global_scale_kernel
 from ._dense_tiled import dense_tiled_kernel
 from ._dequant import dequant_kernel
 from .launch import Launch, backend_cache, launch_format, post_scale, weight_args, weight_format
@@ -259,6 +259,9 @@ def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scal
     groups = -(-k // g)
     if str(spec.scale_dtype) == "fp32":
         block = triton.next_power_of_2(g)
+        if TOKEN_ROWS_PERSISTENT and g == k and block <= ONE_PASS_ELEMENTS:
+            _launch_token_rows(x2, spec, codes, scales, block)
+            return
         per_prog = 1 if block > GROUP_TILE else min(GROUP_TILE // block, triton.next_power_of_2(groups))
         if block > ONE_PASS_ELEMENTS:
             block = TWO_PASS_BLOCK
@@ -278,6 +281,26 @@ def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scal
         scales.stride(0), scales.stride(1), KIND=ACT_KINDS[str(spec.dtype)],
         SCALE_KIND=ACT_SCALE_KINDS[str(spec.scale_dtype)], GROUP_K=g, BLOCK_K=block,
         SCALE_VALUES=scale_values, GROUPS=per_prog, VALUES=values)
+
+
+TOKEN_ROWS_PERSISTENT = os.environ.get("HT_TOKEN_ROWS_PERSISTENT") == "1"  # untimed: opt-in until the probe times it
+TOKEN_ROWS_THREADS_PER_SM = 704  # the persistent quantizer's programs per SM: as many as ~90 registers let fit
+
+
+def _launch_token_rows(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scales: torch.Tensor,
+                       block: int, programs: int | None = None, num_warps: int | None = None) -> None:
+    """Per-token e4m3 / int8 codes through ``act_quant_token_rows_kernel`` (persistent, next row prefetched):
+    ``programs`` (default: as many per SM as TOKEN_ROWS_THREADS_PER_SM threads, at most M) and ``num_warps``
+    (default: 16 elements of the row per thread, 4-16 warps; 83 registers at K = 8192, 16 warps, ptxas sm_90)
+    -- the probe's knobs."""
+    m, k = x2.shape
+    warps = num_warps or min(16, max(4, block // 512))
+    if programs is None:
+        sms = torch.cuda.get_device_properties(x2.device).multi_processor_count if x2.is_cuda else 4
+        programs = sms * max(1, TOKEN_ROWS_THREADS_PER_SM // (32 * warps))
+    act_quant_token_rows_kernel[(max(1, min(m, programs)),)](
+        x2, codes, scales, m, k, x2.stride(0), codes.stride(0), scales.stride(0), INT8=str(spec.dtype) == "int8",
+        BLOCK_K=block, CODE_VALUES=codes.dtype != torch.uint8, F32_COMPARE=F32_COMPARE, num_warps=warps)
 
 
 def block_scaled_act(spec: ActQuant | None) -> bool:
