@@ -179,19 +179,24 @@ def triton_quantize_mx_rows(x2: torch.Tensor, spec: ActQuant,
     return codes, scales
 
 
-MX_ROWS_CHUNK = 4096  # rows longer than ONE_PASS_ELEMENTS: chunks walked twice (the second read hits L2)
+MX_ROWS_ONE_PASS_ROWS = 256  # rows of 8193..16384 (untimed): one pass up to this many, else two passes
+MX_ROWS_CHUNK = 2048  # the two-pass chunk (the second read hits L2)
+MX_ROWS_MEASURED = 8192  # rows of 4097..8192 were timed: one pass at 16 warps at every M (below)
 
 
 def mx_rows_shape(m: int, k: int) -> tuple[bool, int, int]:
-    """(one pass, BLOCK_K, num_warps) of ``act_quant_mx_rows_kernel``: the row held in registers by 16 warps (up
-    to 32 values per thread) wherever it fits, else 4096-wide chunks walked twice by 8 warps.  Measured on the
-    H200 at K = 8192 (``scripts/act_quant_probe.py``, session 28): one pass at 16 warps was the fastest shape at
-    every M -- 6.9 / 7.5 / 10.5 / 77.3 µs at M = 1 / 16 / 256 / 4096, against 32 warps 7.4 / 7.7 / 10.8 / 84.4
-    and two passes of 2048 / 4096 (8 warps) 9.0 / 9.4 / 12.2 / 88.8 and 8.1 / 8.4 / 11.5 / 85.5 -- and 1.9-2.7x
-    the float64 kernel it replaced (18.7 / 19.5 / 23.3 / 173.1), byte for byte the same codes."""
+    """(one pass, BLOCK_K, num_warps) of ``act_quant_mx_rows_kernel``.  Measured on the H200 at K = 8192
+    (``scripts/act_quant_probe.py``, session 28): one pass at 16 warps was the fastest shape at every M -- 6.9 /
+    7.5 / 10.5 / 77.3 µs at M = 1 / 16 / 256 / 4096, against 32 warps 7.4 / 7.7 / 10.8 / 84.4 and two passes of
+    2048 / 4096 (8 warps) 9.0 / 9.4 / 12.2 / 88.8 and 8.1 / 8.4 / 11.5 / 85.5 -- and 1.9-2.7x the float64 kernel
+    it replaced (18.7 / 19.5 / 23.3 / 173.1), byte for byte the same codes.  Other lengths keep the earlier
+    (untimed) rule: short rows in one pass at 8 values per thread, longer ones in one pass for few rows, else
+    2048-wide chunks walked twice by 8 warps."""
     block = max(32, triton.next_power_of_2(k))
-    if block <= ONE_PASS_ELEMENTS:
-        return True, block, max(4, min(16, block // 512))
+    if MX_ROWS_MEASURED // 2 < block <= MX_ROWS_MEASURED:
+        return True, block, 16
+    if block <= MX_ROWS_CHUNK or (block <= ONE_PASS_ELEMENTS and m <= MX_ROWS_ONE_PASS_ROWS):
+        return True, block, max(4, min(32, block // 256))
     return False, MX_ROWS_CHUNK, 8
 
 
