@@ -17,13 +17,18 @@ from ...calls import Call, KernelConfig
 from . import Family, register
 
 
-def variant_of(cfg: KernelConfig) -> int:
+def variant_in(cfg: KernelConfig, variants: dict, what: str = "CUTLASS grouped") -> int:
+    """The id of the (token tile, K tile, weight rows) variant ``cfg`` names in ``variants``."""
     want = (cfg.block_m, cfg.block_k, cfg.block_n)
-    for v, spec in gg.VARIANTS.items():
+    for v, spec in variants.items():
         if spec == want:
             return v
-    raise ValueError(f"no CUTLASS grouped variant with token tile {cfg.block_m}, K tile {cfg.block_k}, "
-                     f"{cfg.block_n}-row weight tiles (variants: {gg.VARIANTS})")
+    raise ValueError(f"no {what} variant with token tile {cfg.block_m}, K tile {cfg.block_k}, "
+                     f"{cfg.block_n}-row weight tiles (variants: {variants})")
+
+
+def variant_of(cfg: KernelConfig) -> int:
+    return variant_in(cfg, gg.VARIANTS)
 
 
 class CutlassGrouped(Family):

@@ -23,15 +23,11 @@ from cutlass_ext import grouped_fp8 as gf
 
 from ...calls import Call, KernelConfig
 from . import Family, register
+from .cutlass_grouped import variant_in
 
 
 def variant_of(cfg: KernelConfig) -> int:
-    want = (cfg.block_m, cfg.block_k, cfg.block_n)
-    for v, spec in gf.VARIANTS.items():
-        if spec == want:
-            return v
-    raise ValueError(f"no CUTLASS grouped fp8 variant with token tile {cfg.block_m}, K tile {cfg.block_k}, "
-                     f"{cfg.block_n}-row weight tiles (variants: {gf.VARIANTS})")
+    return variant_in(cfg, gf.VARIANTS, "CUTLASS grouped fp8")
 
 
 def _e4m3_experts(scheme) -> bool:
