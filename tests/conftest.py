@@ -78,6 +78,21 @@ def rng():
     return torch.Generator().manual_seed(seed)
 
 
+
+@pytest.fixture
+def cutlass_nvcc():
+    """The nvcc path for the CUTLASS compile-only tests; skips (saying what is missing) without nvcc or the
+    nvidia-cutlass headers."""
+    import shutil
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH (the CUDA toolkit): nothing to compile with")
+    try:
+        import cutlass_library  # noqa: F401
+    except ImportError:
+        pytest.skip("nvidia-cutlass (the CUTLASS headers) is not installed: pip install nvidia-cutlass")
+    return nvcc
+
 def pytest_runtest_logreport(report):
     """GPU runs may be cut off by a time limit before pytest prints its summary, so results are logged as they
     happen: HT_FAILLOG=<file> gets each failure with its traceback tail, HT_TESTLOG=<file> one line per test

@@ -15,14 +15,8 @@ def _cuobjdump() -> str | None:
     return cuobjdump()
 
 
-def test_sm100_blockscaled_gemms_compile_to_block_scaled_mma(tmp_path):
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not on PATH (the CUDA toolkit): nothing to compile with")
-    try:
-        import cutlass_library  # noqa: F401
-    except ImportError:
-        pytest.skip("nvidia-cutlass (the CUTLASS headers) is not installed: pip install nvidia-cutlass")
+def test_sm100_blockscaled_gemms_compile_to_block_scaled_mma(tmp_path, cutlass_nvcc):
+    nvcc = cutlass_nvcc
     from cutlass_ext.build import SM100_SOURCES, sm100_command
     assert SM100_SOURCES, "no csrc_sm100 sources"
     obj = tmp_path / "blockscaled.o"

@@ -292,17 +292,11 @@ def _cuobjdump():
     return cuobjdump()
 
 
-def test_sm90a_kernels_compile_to_wgmma(tmp_path):
+def test_sm90a_kernels_compile_to_wgmma(tmp_path, cutlass_nvcc):
     """One variant (128 weight rows x 16 tokens x 128 K, persistent) per weight family: nvcc compiles it against
     the nvidia-cutlass headers, the SASS holds register-sourced HGMMA of the activation type and no local-memory
     spills.  ~1.5 min per unit on one core, two at a time."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not on PATH (the CUDA toolkit): nothing to compile with")
-    try:
-        import cutlass_library  # noqa: F401
-    except ImportError:
-        pytest.skip("nvidia-cutlass (the CUTLASS headers) is not installed: pip install nvidia-cutlass")
+    nvcc = cutlass_nvcc
     from cutlass_ext.build import SM90_SOURCE, cutlass_command
     one = tmp_path / "one_variant.cu"
     one.write_text("#define HT_SM90_VARIANTS(X, ...) X(0, Shape<_128 COMMA _16 COMMA _128>, Persistent, __VA_ARGS__)\n"
