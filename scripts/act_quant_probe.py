@@ -6,7 +6,9 @@ At K = 8192 and M = 1 / 16 / 256 / 4096, timed like the benchmark (CUDA-graph re
   replaced: 1.9-2.7x slower);
 - per-token e4m3 (``act_quant_f32_kernel``) over num_warps 4 / 8 / 16 and F32_COMPARE off / on, and the persistent
   ``act_quant_token_rows_kernel`` over num_warps 8 / 16 x 1 / 2 / 4 programs per SM (outputs compared);
-- NVFP4 block activations (``act_quant_kernel``): one 16-wide group per program vs 64 groups per program.
+- NVFP4 block activations (``act_quant_kernel``): one 16-wide group per program vs 64 groups per program;
+- the MoE rows (32768 x 2048 / 768: Qwen3-30B-A3B at 4096 tokens): per-token e4m3, one row per program vs the
+  persistent kernel.
 % copy = (bytes read + written) / time / the benchmark's measured copy bandwidth.  JSON to argv[1]."""
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -32,12 +35,12 @@ def main(out_path: str | None) -> None:
     fp8 = ht.PRESETS["w8a8-fp8"].act
     rows = []
 
-    def timed(name, fn, m, out_bytes, **extra):
+    def timed(name, fn, m, out_bytes, kk=k, **extra):
         fn()
         us = time_gpu(fn, budget_s=0.1)["us"]
-        moved = m * k * 2 + out_bytes
+        moved = m * kk * 2 + out_bytes
         pct = round(100 * moved / us / 1e3 / copy_gbps, 1)
-        row = {"m": m, "k": k, "case": name, "us": round(us, 2), "pct_copy": pct,
+        row = {"m": m, "k": kk, "case": name, "us": round(us, 2), "pct_copy": pct,
                **extra}
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -108,6 +111,35 @@ def main(out_path: str | None) -> None:
             ref = ref or got
             timed(f"nvfp4_groups_per_program_{per}", run, m, m * k + m * groups,
                   same_as_first=torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]))
+    # the MoE rows (Qwen3-30B-A3B at 4096 tokens, top 8: 32768 routed rows of K = 2048 / 768): per-token e4m3,
+    # one row per program at 1-8 warps vs the persistent kernel at 2-8 warps x 2-16 programs per SM
+    sms = torch.cuda.get_device_properties("cuda").multi_processor_count
+    for m, kk in ((32768, 2048), (32768, 768)):
+        x = torch.randn(m, kk, device="cuda", generator=g).to(torch.bfloat16)
+        block = triton.next_power_of_2(kk)
+        codes = torch.empty(m, kk, dtype=torch.uint8, device="cuda")
+        scales = torch.empty(m, 1, dtype=torch.float32, device="cuda")
+        out_bytes = m * kk + 4 * m
+        timed("moe_e4m3_token_library", lambda: dense.triton_quantize_activation(x, fp8), m, out_bytes, kk)
+        ref = None
+        for warps in (1, 2, 4, 8):
+            def run():
+                aq.act_quant_f32_kernel[(m, 1)](x, codes, scales, kk, x.stride(0), codes.stride(0),
+                                                scales.stride(0), scales.stride(1), INT8=False, GROUP_K=kk,
+                                                GROUPS=1, BLOCK_K=block, CODE_VALUES=False, num_warps=warps)
+            run()
+            got = (codes.clone(), scales.clone())
+            ref = ref or got
+            timed(f"moe_e4m3_token_w{warps}", run, m, out_bytes, kk,
+                  same_as_first=torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]))
+        for warps in (2, 4, 8):
+            for per_sm in (2, 4, 8, 16):
+                def rows():
+                    dense._launch_token_rows(x, fp8, codes, scales, block, programs=per_sm * sms,
+                                             num_warps=warps)
+                rows()
+                timed(f"moe_e4m3_token_rows_w{warps}_p{per_sm}", rows, m, out_bytes, kk,
+                      same_as_first=torch.equal(codes, ref[0]) and torch.equal(scales, ref[1]))
     if out_path:
         Path(out_path).write_text(json.dumps({"copy_gbps": copy_gbps, "rows": rows}, indent=1))
 
