@@ -4,8 +4,10 @@ At K = 8192 and M = 1 / 16 / 256 / 4096, timed like the benchmark (CUDA-graph re
 - MXFP4 e4m3 rows (``act_quant_mx_rows_kernel``) at ``dense.mx_rows_shape``'s launch shape and at other shapes,
   bytes and bf16 code values, outputs compared byte for byte (session 28 also timed the float64 twin this kernel
   replaced: 1.9-2.7x slower);
-- per-token e4m3 (``act_quant_f32_kernel``) over num_warps 4 / 8 / 16 and F32_COMPARE off / on, and the persistent
-  ``act_quant_token_rows_kernel`` over num_warps 8 / 16 x 1 / 2 / 4 programs per SM (outputs compared);
+- per-token e4m3 (``act_quant_f32_kernel``) over num_warps 4 / 8 / 16 x the rounding (float64 or split-fp32
+  midpoint comparison, or CVT_E4M3: the hardware conversion with the exact comparison only near midpoints), and
+  the persistent ``act_quant_token_rows_kernel`` over num_warps 8 / 16 x 1 / 2 / 4 programs per SM, CVT_E4M3 off /
+  on (outputs compared);
 - NVFP4 block activations (``act_quant_kernel``): one 16-wide group per program vs 64 groups per program;
 - the MoE rows (32768 x 2048 / 768: Qwen3-30B-A3B at 4096 tokens): per-token e4m3, one row per program vs the
   persistent kernel.
@@ -71,28 +73,34 @@ def main(out_path: str | None) -> None:
         scales = torch.empty(m, 1, dtype=torch.float32, device="cuda")
         ref = None
         for warps in (4, 8, 16):
-            for f32 in (False, True):
+            for mode in ("f64cmp", "f32cmp", "cvt"):
                 def run():
                     aq.act_quant_f32_kernel[(m, 1)](x, codes, scales, k, x.stride(0), codes.stride(0),
                                                     scales.stride(0), scales.stride(1), INT8=False, GROUP_K=k,
-                                                    GROUPS=1, BLOCK_K=k, CODE_VALUES=False, F32_COMPARE=f32,
+                                                    GROUPS=1, BLOCK_K=k, CODE_VALUES=False,
+                                                    F32_COMPARE=mode == "f32cmp", CVT_E4M3=mode == "cvt",
                                                     num_warps=warps)
                 run()
                 got = (codes.clone(), scales.clone())
                 ref = ref or got
                 same = torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
-                timed(f"e4m3_token_w{warps}_{'f32cmp' if f32 else 'f64cmp'}", run, m, m * k + 4 * m,
-                      same_as_first=same)
+                timed(f"e4m3_token_w{warps}_{mode}", run, m, m * k + 4 * m, same_as_first=same)
         timed("e4m3_token_library", lambda: dense.triton_quantize_activation(x, fp8), m, m * k + 4 * m)
         # the persistent per-token quantizer (dense.TOKEN_ROWS_PERSISTENT, opt-in): warps x programs per SM
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        for warps in (8, 16):
-            for per_sm in (1, 2, 4):
-                def rows():
-                    dense._launch_token_rows(x, fp8, codes, scales, k, programs=per_sm * sms, num_warps=warps)
-                rows()
-                same = torch.equal(codes, ref[0]) and torch.equal(scales, ref[1])
-                timed(f"e4m3_token_rows_w{warps}_p{per_sm}", rows, m, m * k + 4 * m, same_as_first=same)
+        for cvt in (False, True):
+            dense.CVT_E4M3 = cvt
+            for warps in (8, 16):
+                for per_sm in (1, 2, 4):
+                    def rows():
+                        dense._launch_token_rows(x, fp8, codes, scales, k, programs=per_sm * sms, num_warps=warps)
+                    rows()
+                    same = torch.equal(codes, ref[0]) and torch.equal(scales, ref[1])
+                    timed(f"e4m3_token_rows_w{warps}_p{per_sm}{'_cvt' if cvt else ''}", rows, m, m * k + 4 * m,
+                          same_as_first=same)
+            timed(f"e4m3_token_library{'_cvt' if cvt else ''}", lambda: dense.triton_quantize_activation(x, fp8), m,
+                  m * k + 4 * m)
+        dense.CVT_E4M3 = False
         # NVFP4 activations (e2m1, e4m3 per 16, fp32 global): a program per group vs 64 groups per program
         nv = ht.PRESETS["w4a4-nvfp4"].act
         gscale = dense.triton_global_scale(x, nv)
@@ -122,24 +130,29 @@ def main(out_path: str | None) -> None:
         out_bytes = m * kk + 4 * m
         timed("moe_e4m3_token_library", lambda: dense.triton_quantize_activation(x, fp8), m, out_bytes, kk)
         ref = None
-        for warps in (1, 2, 4, 8):
-            def run():
-                aq.act_quant_f32_kernel[(m, 1)](x, codes, scales, kk, x.stride(0), codes.stride(0),
-                                                scales.stride(0), scales.stride(1), INT8=False, GROUP_K=kk,
-                                                GROUPS=1, BLOCK_K=block, CODE_VALUES=False, num_warps=warps)
-            run()
-            got = (codes.clone(), scales.clone())
-            ref = ref or got
-            timed(f"moe_e4m3_token_w{warps}", run, m, out_bytes, kk,
-                  same_as_first=torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]))
-        for warps in (2, 4, 8):
-            for per_sm in (2, 4, 8, 16):
-                def rows():
-                    dense._launch_token_rows(x, fp8, codes, scales, block, programs=per_sm * sms,
-                                             num_warps=warps)
-                rows()
-                timed(f"moe_e4m3_token_rows_w{warps}_p{per_sm}", rows, m, out_bytes, kk,
-                      same_as_first=torch.equal(codes, ref[0]) and torch.equal(scales, ref[1]))
+        for cvt in (False, True):
+            tag = "_cvt" if cvt else ""
+            for warps in (1, 2, 4, 8):
+                def run():
+                    aq.act_quant_f32_kernel[(m, 1)](x, codes, scales, kk, x.stride(0), codes.stride(0),
+                                                    scales.stride(0), scales.stride(1), INT8=False, GROUP_K=kk,
+                                                    GROUPS=1, BLOCK_K=block, CODE_VALUES=False, CVT_E4M3=cvt,
+                                                    num_warps=warps)
+                run()
+                got = (codes.clone(), scales.clone())
+                ref = ref or got
+                timed(f"moe_e4m3_token_w{warps}{tag}", run, m, out_bytes, kk,
+                      same_as_first=torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]))
+            dense.CVT_E4M3 = cvt
+            for warps in (2, 4, 8):
+                for per_sm in (2, 4, 8, 16):
+                    def rows():
+                        dense._launch_token_rows(x, fp8, codes, scales, block, programs=per_sm * sms,
+                                                 num_warps=warps)
+                    rows()
+                    timed(f"moe_e4m3_token_rows_w{warps}_p{per_sm}{tag}", rows, m, out_bytes, kk,
+                          same_as_first=torch.equal(codes, ref[0]) and torch.equal(scales, ref[1]))
+            dense.CVT_E4M3 = False
     if out_path:
         Path(out_path).write_text(json.dumps({"copy_gbps": copy_gbps, "rows": rows}, indent=1))
 

@@ -15,7 +15,8 @@ def _interpreter_rounds_bf16_to_nearest():
     """Triton's interpreter casts fp32 -> bf16 by truncating the mantissa (its ``cast_impl`` passes no rounding
     mode); the GPU's ``cvt.rn.bf16.f32`` rounds to nearest even.  Truncation biases every rounded weight toward
     zero, and the correlated error can exceed the tolerance a real GPU meets (found by tests/test_fuzz.py: a
-    uint4 weight with float zeros, 1.5 bf16 ulps off).  Make the interpreter round as the GPU does."""
+    uint4 weight with float zeros, 1.5 bf16 ulps off).  Make the interpreter round as the GPU does; fp32 -> e4m3
+    too (the interpreter's numpy cast does not round ties to even; the GPU's cvt.rn.satfinite does, and saturates)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         return
     import numpy as np
@@ -33,7 +34,17 @@ def _interpreter_rounds_bf16_to_nearest():
             return interpreter.TensorHandle(rounded, dst_type.scalar)
         return original(self, src, dst_type)
 
+    original_fp = interpreter.InterpreterBuilder.create_fp_to_fp
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.float8e4nv:  # cvt.rn.satfinite.e4m3x2.f32
+            v = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32))
+            codes = torch.where(v.isnan(), v, v.clamp(-448.0, 448.0)).to(torch.float8_e4m3fn).view(torch.uint8)
+            return interpreter.TensorHandle(codes.numpy().view(np.uint8), dst_type.scalar)
+        return original_fp(self, src, dst_type, rounding_mode)
+
     interpreter.InterpreterBuilder.cast_impl = cast_impl
+    interpreter.InterpreterBuilder.create_fp_to_fp = create_fp_to_fp
 
 
 _interpreter_rounds_bf16_to_nearest()

@@ -232,17 +232,28 @@ def test_fp8_gemm_on_gpu(scheme, shape, dtype, rng):
     _gemm_case(scheme, *shape, dtype, rng, device="cuda")
 
 
+# how the fp32 quantizer decides a rounding: the float64 midpoint comparison (default), split fp32, or the
+# hardware e4m3 conversion of the near-exact quotient (exact comparison only in tiles near a midpoint)
+ROUNDINGS = ["f64", "f32", "cvt"]
+
+
+def _set_rounding(dense, rounding, monkeypatch):
+    monkeypatch.setattr(dense, "F32_COMPARE", rounding == "f32")
+    monkeypatch.setattr(dense, "CVT_E4M3", rounding == "cvt")
+
+
 @pytest.mark.parametrize("act,grid", [("e4m3fn/fp32:token", "e4m3"), ("int8/fp32:token", "int"),
                                       ("e4m3fn/fp32:g128", "e4m3")])
 @pytest.mark.parametrize("e", [-3, 0, 5])
-@pytest.mark.parametrize("f32_compare", [False, True])
-def test_fp32_quantizer_ties_and_their_neighbours(act, grid, e, f32_compare, monkeypatch):
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_fp32_quantizer_ties_and_their_neighbours(act, grid, e, rounding, monkeypatch):
     """Quotients exactly on a rounding midpoint (the scale a power of two) and one fp32 ulp either side: the
     division-free fp32 quantizer must round each as the reference does (ties to even), with the midpoint
-    comparison in float64 (the default) or in split fp32 (``dense.F32_COMPARE``)."""
+    comparison in float64 (the default) or in split fp32 (``dense.F32_COMPARE``), or by the hardware conversion of
+    the near-exact quotient with the exact comparison near midpoints (``dense.CVT_E4M3``)."""
     from humming_triton.kernels import dense
     from humming_triton.kernels.dense import triton_quantize_activation
-    monkeypatch.setattr(dense, "F32_COMPARE", f32_compare)
+    _set_rounding(dense, rounding, monkeypatch)
     spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
     if grid == "e4m3":
         vals = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
@@ -262,13 +273,13 @@ def test_fp32_quantizer_ties_and_their_neighbours(act, grid, e, f32_compare, mon
 
 
 @pytest.mark.parametrize("act", ["e4m3fn/fp32:g128", "int8/fp32:token", "e4m3fn/fp32:g32"])
-@pytest.mark.parametrize("f32_compare", [False, True])
-def test_fp32_quantizer_scale_that_rounds_to_zero(act, f32_compare, monkeypatch, rng):
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_fp32_quantizer_scale_that_rounds_to_zero(act, rounding, monkeypatch, rng):
     """A group whose amax / qmax rounds to 0 in fp32 (amax a tiny subnormal) keeps fp32's smallest normal as its
     scale, as the reference's round_scale clamps it (found by a random seed: kernel 0 against 1.18e-38)."""
     from humming_triton.kernels import dense
     from humming_triton.kernels.dense import triton_quantize_activation
-    monkeypatch.setattr(dense, "F32_COMPARE", f32_compare)
+    _set_rounding(dense, rounding, monkeypatch)
     spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
     tiny = 1.401298464324817e-45  # fp32's smallest subnormal: 2 * tiny / 448 still rounds to 0
     x = torch.randn(2, 256, generator=rng)  # row 1: a normal row beside it
@@ -281,13 +292,13 @@ def test_fp32_quantizer_scale_that_rounds_to_zero(act, f32_compare, monkeypatch,
 
 @pytest.mark.parametrize("act", ["e4m3fn/fp32:g128", "int8/fp32:token", "e4m3fn/fp32:token"])
 @pytest.mark.parametrize("magnitude", [1e-44, 1e-40, 1e-37, 1e-20, 1e30])
-@pytest.mark.parametrize("f32_compare", [False, True])
-def test_fp32_quantizer_tiny_and_huge_groups(act, magnitude, f32_compare, monkeypatch, rng):
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_fp32_quantizer_tiny_and_huge_groups(act, magnitude, rounding, monkeypatch, rng):
     """Groups whose scale is an fp32 subnormal (1 / s would overflow, products underflow) or huge: code for code
     the reference's."""
     from humming_triton.kernels import dense
     from humming_triton.kernels.dense import triton_quantize_activation
-    monkeypatch.setattr(dense, "F32_COMPARE", f32_compare)
+    _set_rounding(dense, rounding, monkeypatch)
     spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
     x = torch.randn(4, 512, generator=rng) * torch.exp2(torch.randint(-20, 20, (4, 512), generator=rng) * 0.3)
     x = x * magnitude
@@ -341,11 +352,13 @@ def _dequantized_activation_case(scheme, m, k, dtype, rng, dev):
 @pytest.mark.interpret
 @pytest.mark.parametrize("scheme", ["w8a8-fp8", "w8a8-int8"])
 @pytest.mark.parametrize("m,k,programs", [(7, 640, 3), (5, 96, 1), (4, 2080, 4), (3, 33, 8)])
-def test_persistent_token_quantizer_matches_reference(scheme, m, k, programs, rng):
+@pytest.mark.parametrize("rounding", ["f64", "cvt"])
+def test_persistent_token_quantizer_matches_reference(scheme, m, k, programs, rounding, monkeypatch, rng):
     """The persistent per-token quantizer (each program walks rows p, p + P, ..., the next row loaded first; opt-in
     ``TOKEN_ROWS_PERSISTENT``) writes the reference's codes and scales: fewer programs than rows, more programs than
     rows, odd K, a NaN row, an inf row, an all-zero row, 16-bit code values."""
     from humming_triton.kernels import dense
+    _set_rounding(dense, rounding, monkeypatch)
     x, spec = _block_act_case(scheme, m, k, torch.bfloat16, rng, "cpu")
     ref = ht.quantize_activation(x, scheme)
     block = triton_next_pow2(k)
@@ -373,5 +386,62 @@ def test_persistent_token_quantizer_on_gpu(scheme, m, k, monkeypatch, rng):
     x, spec = _block_act_case(scheme, m, k, torch.bfloat16, rng, "cuda")
     q = triton_quantize_activation(x, spec)
     ref = ht.quantize_activation(x.cpu(), scheme)
+    assert torch.equal(q.codes.cpu(), ref.codes)
+    assert torch.equal(q.scales.cpu().nan_to_num(), ref.scales.nan_to_num())
+
+
+def _cvt_case(m, k, dtype, rng, dev):
+    """Random rows (the hardware-conversion path's common case: no element near a midpoint) beside rows that hold
+    exact midpoints and their fp32 neighbours (its exact fallback), a NaN row, an all-zero row."""
+    x = torch.randn(m, k, generator=rng) * torch.exp2(torch.randint(-8, 8, (m, 1), generator=rng).float())
+    vals = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    vals = torch.unique(vals[torch.isfinite(vals)].abs())
+    mids = (vals[1:] + vals[:-1]) / 2
+    ties = torch.cat([mids, torch.nextafter(mids, torch.tensor(1e9)), -mids])[:k - 1]
+    x[0, :ties.numel()] = ties
+    x[0, -1] = 448.0  # amax: the scale is exactly 1
+    x[min(1, m - 1), 3] = float("nan")
+    x[min(2, m - 1)] = 0
+    return x.to(dtype).to(dev)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("act", ["e4m3fn/fp32:token", "e4m3fn/fp32:g128"])
+@pytest.mark.parametrize("m,k,dtype", [(9, 640, torch.bfloat16), (5, 1100, torch.float16), (6, 384, torch.float32)])
+def test_cvt_e4m3_quantizer_matches_reference(act, m, k, dtype, monkeypatch, rng):
+    """``dense.CVT_E4M3``: the hardware conversion of the near-exact quotient, the exact comparison only where a
+    tile holds an element near a midpoint -- code for code the reference's, through the library's launch and the
+    persistent one (per token)."""
+    from humming_triton.kernels import dense
+    from humming_triton.kernels.dense import triton_quantize_activation
+    _set_rounding(dense, "cvt", monkeypatch)
+    spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
+    k = -(-k // (spec.group_k or 1)) * (spec.group_k or 1)  # odd K per token; whole groups of 128
+    x = _cvt_case(m, k, dtype, rng, "cpu")
+    ref = ht.quantize_activation(x, spec)
+    q = triton_quantize_activation(x, spec)
+    assert torch.equal(q.scales.isnan(), ref.scales.isnan())
+    assert torch.equal(q.scales.nan_to_num(), ref.scales.nan_to_num())
+    assert torch.equal(q.codes, ref.codes), (q.codes != ref.codes).nonzero()[:5].tolist()
+    if spec.group_k is None:
+        codes, scales = torch.empty(m, k, dtype=torch.uint8), torch.empty(m, 1)
+        dense._launch_token_rows(x, spec, codes, scales, triton_next_pow2(k), programs=4)
+        assert torch.equal(codes, ref.codes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ["e4m3fn/fp32:token", "e4m3fn/fp32:g128"])
+@pytest.mark.parametrize("m,k", [(1, 8192), (4096, 8192), (32768, 2048), (333, 768), (70, 4100)])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_cvt_e4m3_quantizer_on_gpu(act, m, k, persistent, monkeypatch, rng):
+    from humming_triton.kernels import dense
+    from humming_triton.kernels.dense import triton_quantize_activation
+    _set_rounding(dense, "cvt", monkeypatch)
+    monkeypatch.setattr(dense, "TOKEN_ROWS_PERSISTENT", persistent)
+    spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
+    k = -(-k // (spec.group_k or 1)) * (spec.group_k or 1)
+    x = _cvt_case(m, k, torch.bfloat16, rng, "cuda")
+    q = triton_quantize_activation(x, spec)
+    ref = ht.quantize_activation(x.cpu(), spec)
     assert torch.equal(q.codes.cpu(), ref.codes)
     assert torch.equal(q.scales.cpu().nan_to_num(), ref.scales.nan_to_num())

@@ -357,6 +357,42 @@ def _stored(v, codes_ptr, INT8: tl.constexpr, CODE_VALUES: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_near_quotient(x, s):
+    """x / s (fp32, scales > 0) to within 2 fp32 ulps, and whether it lies within 8 ulps of an
+    e4m3 rounding midpoint -- the only place where rounding it instead of the exact quotient can pick another code.
+    |q - x / s| < 2 ulps: 1 / s and the product are each rounded once.  The midpoints of e4m3's grid are the fp32
+    values whose low 20 mantissa bits are 0x80000 (3 mantissa bits kept, the next one set); below 2^-6 the grid
+    is uniform with step 2^-9, and adding 2^-6 maps it onto the binade [2^-6, 2^-5), where the step is 2^-9 too
+    (the sum's rounding adds half an ulp)."""
+    f = tl.where(s < 8.673617379884035e-19, 1.8446744073709552e19, 1.0)  # 2^-60 -> 2^64, as _fp32_codes
+    q = (x * f) * tl.div_rn(1.0, s * f)  # |q| <= 448 (1 + 2^-22): the conversion saturates it to 448
+    aq = tl.abs(q)
+    low = (aq + tl.where(aq < 0.015625, 0.015625, 0.0)).to(tl.int32, bitcast=True) & 0xFFFFF
+    return q, (low - 0x7FFF8).to(tl.uint32, bitcast=True) <= 16  # |low - 0x80000| <= 8
+
+
+@triton.jit
+def _codes_out(x, s, codes_ptr, INT8: tl.constexpr, CODE_VALUES: tl.constexpr, F32_COMPARE: tl.constexpr,
+               CVT_E4M3: tl.constexpr):
+    """The stored codes of x / s (``_fp32_codes`` rounding, ``_stored`` form).  CVT_E4M3 (e4m3 bytes only): the
+    hardware's round-to-nearest-even conversion (cvt.rn.satfinite.e4m3x2.f32, two codes per instruction) of the
+    near-exact quotient, which is the exact quotient's code unless the quotient sits within a few ulps of a
+    midpoint; a tile holding such an element (~1e-5 of random values) takes ``_fp32_codes``' exact comparison
+    instead.  Why: the exact path is ~45 fp32 instructions per element, and the quantizer was issue-bound there
+    (4096 x 8192: ~60 instructions per element ~ 60 of the measured 74 µs, session 28)."""
+    if CVT_E4M3 and not INT8 and not CODE_VALUES:
+        q, near = _e4m3_near_quotient(x, s)
+        if tl.max(tl.ravel(near.to(tl.int32)), axis=0) > 0:
+            c = _fp32_codes(x, s, INT8, F32_COMPARE).to(tl.float8e4nv)  # exact values: the conversion is exact
+        else:
+            c = q.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+        out = c.to(tl.uint8, bitcast=True)
+    else:
+        out = _stored(_fp32_codes(x, s, INT8, F32_COMPARE), codes_ptr, INT8, CODE_VALUES)
+    return out
+
+
+@triton.jit
 def _group_scale(a, QMAX: tl.constexpr):
     """fp32 scale of a group with finite amax ``a``: amax / qmax rounded once (IEEE division: "/" on fp32 compiles
     to an approximate division on the GPU; the reference rounds amax / qmax to fp32 exactly), 1 for an all-zero
@@ -369,7 +405,8 @@ def _group_scale(a, QMAX: tl.constexpr):
 @triton.jit
 def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, stride_sm, stride_sg,
                          INT8: tl.constexpr, GROUP_K: tl.constexpr, GROUPS: tl.constexpr, BLOCK_K: tl.constexpr,
-                         CODE_VALUES: tl.constexpr, F32_COMPARE: tl.constexpr = False):
+                         CODE_VALUES: tl.constexpr, F32_COMPARE: tl.constexpr = False,
+                         CVT_E4M3: tl.constexpr = False):
     """e4m3 (or INT8) codes with fp32 scales ``s = amax / qmax`` (qmax 448 / 127; 1 for an all-zero group), per
     token or per group of K.  Program (row, p): groups p * GROUPS .. p * GROUPS + GROUPS - 1 of one row.
 
@@ -392,8 +429,9 @@ def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, 
         bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
         s = _group_scale(a, QMAX)
         tl.store(scales_ptr + row * stride_sm + g * stride_sg, tl.where(bad, float("nan"), s), mask=g < groups)
-        v = _fp32_codes(tl.where(bad[:, None], 0.0, x), s[:, None], INT8, F32_COMPARE)
-        tl.store(codes_ptr + row * stride_cm + offs, _stored(v, codes_ptr, INT8, CODE_VALUES), mask=mask)
+        out = _codes_out(tl.where(bad[:, None], 0.0, x), s[:, None], codes_ptr, INT8, CODE_VALUES, F32_COMPARE,
+                         CVT_E4M3)
+        tl.store(codes_ptr + row * stride_cm + offs, out, mask=mask)
     else:
         gi = tl.program_id(1)
         k_begin = gi * GROUP_K
@@ -403,14 +441,14 @@ def act_quant_f32_kernel(x_ptr, codes_ptr, scales_ptr, K, stride_xm, stride_cm, 
         for k0 in range(k_begin, tl.minimum(k_begin + GROUP_K, K), BLOCK_K):
             offs = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-            v = _fp32_codes(tl.where(bad, 0.0, x), s, INT8, F32_COMPARE)
-            tl.store(codes_ptr + row * stride_cm + offs, _stored(v, codes_ptr, INT8, CODE_VALUES), mask=offs < K)
+            out = _codes_out(tl.where(bad, 0.0, x), s, codes_ptr, INT8, CODE_VALUES, F32_COMPARE, CVT_E4M3)
+            tl.store(codes_ptr + row * stride_cm + offs, out, mask=offs < K)
 
 
 @triton.jit
 def act_quant_token_rows_kernel(x_ptr, codes_ptr, scales_ptr, M, K, stride_xm, stride_cm, stride_sm,
                                 INT8: tl.constexpr, BLOCK_K: tl.constexpr, CODE_VALUES: tl.constexpr,
-                                F32_COMPARE: tl.constexpr = False):
+                                F32_COMPARE: tl.constexpr = False, CVT_E4M3: tl.constexpr = False):
     """``act_quant_f32_kernel``'s per-token case (one group of K <= BLOCK_K per row), persistent: program p
     quantizes rows p, p + P, p + 2P, ... and loads each next row before it works on the current one (a register
     double buffer).  Why: one row per program ran at 32 % of the copy rate on the H200 (4096 x 8192: 74 µs, session
@@ -434,8 +472,8 @@ def act_quant_token_rows_kernel(x_ptr, codes_ptr, scales_ptr, M, K, stride_xm, s
         s = _group_scale(a, QMAX)
         r64 = tl.cast(row, tl.int64)
         tl.store(scales_ptr + r64 * stride_sm, tl.where(bad, float("nan"), s))
-        v = _fp32_codes(tl.where(bad, 0.0, x), s, INT8, F32_COMPARE)
-        tl.store(codes_ptr + r64 * stride_cm + offs, _stored(v, codes_ptr, INT8, CODE_VALUES), mask=in_k)
+        out = _codes_out(tl.where(bad, 0.0, x), s, codes_ptr, INT8, CODE_VALUES, F32_COMPARE, CVT_E4M3)
+        tl.store(codes_ptr + r64 * stride_cm + offs, out, mask=in_k)
 
 
 @triton.jit

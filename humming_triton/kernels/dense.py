@@ -245,6 +245,9 @@ ONE_PASS_ELEMENTS = 16384  # the most of one row an fp32-quantizer program holds
 TWO_PASS_BLOCK = 4096  # the chunk of a longer row (walked twice: amax, then codes)
 GROUP_TILE = 1024  # elements per program for per-group scales: several groups at once (8 of 128)
 F32_COMPARE = False  # the quantizer's rounding decided in fp32 instead of float64 (exact either way; untimed)
+# e4m3 codes by the hardware conversion of the near-exact quotient, the exact comparison only for tiles near a
+# midpoint (``_act_quant._codes_out``; same bytes): untimed, opt-in until act_quant_probe times it
+CVT_E4M3 = os.environ.get("HT_CVT_E4M3") == "1"
 # On (measured on the H200, session 28: scripts/act_quant_probe.py, same bytes): the block quantizer's
 # multi-group tiles (NVFP4 at 4096 x 8192 113.5 µs, a program per group 2110), the e4m3 per-token quantizer at
 # 16 elements per thread (74.2 µs vs 79.4), dequant_mm's one-launch dequantized activations, and the bf16 code
@@ -273,7 +276,7 @@ def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scal
         act_quant_f32_kernel[(m, triton.cdiv(groups, per_prog))](
             x2, codes, scales, k, x2.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
             INT8=str(spec.dtype) == "int8", GROUP_K=g, GROUPS=per_prog, BLOCK_K=block,
-            CODE_VALUES=codes.dtype != torch.uint8, F32_COMPARE=F32_COMPARE,
+            CODE_VALUES=codes.dtype != torch.uint8, F32_COMPARE=F32_COMPARE, CVT_E4M3=CVT_E4M3,
             # FAST_ACT_QUANT: 16 elements per thread, not 32 (61 registers, not 128, at K = 8192: 2 programs per SM)
             num_warps=min(16, max(4, block * per_prog // (512 if FAST_ACT_QUANT else 1024))))
         return
@@ -305,7 +308,8 @@ def _launch_token_rows(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, sc
         programs = sms * max(1, TOKEN_ROWS_THREADS_PER_SM // (32 * warps))
     act_quant_token_rows_kernel[(max(1, min(m, programs)),)](
         x2, codes, scales, m, k, x2.stride(0), codes.stride(0), scales.stride(0), INT8=str(spec.dtype) == "int8",
-        BLOCK_K=block, CODE_VALUES=codes.dtype != torch.uint8, F32_COMPARE=F32_COMPARE, num_warps=warps)
+        BLOCK_K=block, CODE_VALUES=codes.dtype != torch.uint8, F32_COMPARE=F32_COMPARE, CVT_E4M3=CVT_E4M3,
+        num_warps=warps)
 
 
 def block_scaled_act(spec: ActQuant | None) -> bool:
