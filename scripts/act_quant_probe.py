@@ -2,7 +2,7 @@
 
 At K = 8192 and M = 1 / 16 / 256 / 4096, timed like the benchmark (CUDA-graph replay, L2 flushed, median):
 - MXFP4 e4m3 rows (``act_quant_mx_rows_kernel``) at ``dense.mx_rows_shape``'s launch shape and at other shapes,
-  bytes and bf16 code values, outputs compared byte for byte (session 28 also timed the float64 twin this kernel
+  bytes and bf16 code values, e4m3 bytes by bit operations or CVT_E4M3, outputs compared byte for byte (session 28 also timed the float64 twin this kernel
   replaced: 1.9-2.7x slower);
 - per-token e4m3 (``act_quant_f32_kernel``) over num_warps 4 / 8 / 16 x the rounding (float64 or split-fp32
   midpoint comparison, or CVT_E4M3: the hardware conversion with the exact comparison only near midpoints), and
@@ -68,6 +68,15 @@ def main(out_path: str | None) -> None:
                 shaped()
                 same = torch.equal(codes_old, codes_new) and torch.equal(scales_old, scales_new)
                 timed(f"mx_rows_fp32_{'one' if one else 'two'}_{block}_w{warps}", shaped, m, out_bytes,
+                      same_as_library=same)
+
+                def shaped_cvt():
+                    aq.act_quant_mx_rows_kernel[(m,)](x, codes_old, scales_old, k, x.stride(0), codes_old.stride(0),
+                                                      BLOCK_K=block, ONE_PASS=one, CODE_VALUES=False,
+                                                      CVT_E4M3=True, num_warps=warps)
+                shaped_cvt()
+                same = torch.equal(codes_old, codes_new) and torch.equal(scales_old, scales_new)
+                timed(f"mx_rows_fp32_{'one' if one else 'two'}_{block}_w{warps}_cvt", shaped_cvt, m, out_bytes,
                       same_as_library=same)
         codes = torch.empty(m, k, dtype=torch.uint8, device="cuda")
         scales = torch.empty(m, 1, dtype=torch.float32, device="cuda")

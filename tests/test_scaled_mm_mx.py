@@ -89,9 +89,13 @@ def test_family_reasons():
     assert "multiple of 16" in fam.reason(call("w4a8-mxfp4", n=4100))
 
 
-def test_mx_rows_quantizer_is_its_torch_twin(rng):
-    """The Triton quantizer (interpreter here) writes the torch twin's bytes and scales exactly."""
+@pytest.mark.parametrize("cvt", [False, True], ids=["bits", "cvt"])
+def test_mx_rows_quantizer_is_its_torch_twin(cvt, monkeypatch, rng):
+    """The Triton quantizer (interpreter here) writes the torch twin's bytes and scales exactly -- its e4m3 bytes
+    by bit operations, or by the hardware conversion (``dense.CVT_E4M3``)."""
+    from humming_triton.kernels import dense
     from humming_triton.kernels.dense import mx_rows_reference, triton_quantize_mx_rows
+    monkeypatch.setattr(dense, "CVT_E4M3", cvt)
     spec = ht.QuantScheme.parse("w4a4-mxfp4").act
     for m, k in ((9, 320), (1, 32), (8, 2080), (8, 16416), (260, 2080)):  # K = 16416: two passes
         x = _mx_activations(max(m, 8), k, rng)[:m]
@@ -106,11 +110,13 @@ def test_mx_rows_quantizer_is_its_torch_twin(rng):
 @settings(max_examples=examples(25))
 @given(m=st.integers(1, 5), blocks=st.integers(1, 40), span=st.integers(0, 40), seed=st.integers(0, 2**31 - 1),
        special=st.sampled_from(["none", "nan", "inf", "zero_block", "zero_row", "subnormal"]),
-       dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]))
-def test_mx_rows_quantizer_is_its_twin_on_any_row(m, blocks, span, seed, special, dtype):
+       dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]), cvt=st.booleans())
+def test_mx_rows_quantizer_is_its_twin_on_any_row(m, blocks, span, seed, special, dtype, cvt):
     """Property: for any rows (block magnitudes spread over 0-40 binades, any float input type, special values),
-    the quantizer's bytes and scales are its torch twin's."""
+    the quantizer's bytes and scales are its torch twin's (e4m3 bytes by bit operations or ``dense.CVT_E4M3``)."""
+    from humming_triton.kernels import dense
     from humming_triton.kernels.dense import mx_rows_reference, triton_quantize_mx_rows
+    dense_cvt, dense.CVT_E4M3 = dense.CVT_E4M3, cvt
     g = torch.Generator().manual_seed(seed)
     k = 32 * blocks
     x = torch.randn(m, k, generator=g) * torch.exp2(-span * torch.rand(m, blocks, generator=g)).repeat_interleave(32, 1)
@@ -126,7 +132,10 @@ def test_mx_rows_quantizer_is_its_twin_on_any_row(m, blocks, span, seed, special
         x[0] *= 1e-40 if dtype == torch.float32 else 1e-6
     x = x.to(dtype)
     spec = ht.QuantScheme.parse("w4a4-mxfp4").act
-    codes, scales = triton_quantize_mx_rows(x, spec)
+    try:
+        codes, scales = triton_quantize_mx_rows(x, spec)
+    finally:
+        dense.CVT_E4M3 = dense_cvt
     ref_codes, ref_scales = mx_rows_reference(x, spec)
     assert torch.equal(codes, ref_codes), (codes != ref_codes).nonzero()[:5].tolist()
     assert torch.equal(scales.isnan(), ref_scales.isnan())
@@ -241,3 +250,18 @@ def test_too_wide_weight_falls_back_with_a_warning(rng):
     assert sum("dequant_mm" in str(r.message) for r in rec) == 1  # once per weight
     ref = ht.reference_linear(x.cpu(), qw.to("cpu"), out_dtype=torch.float32)
     assert float((y.cpu().float() - ref).norm() / ref.norm()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k", [(1, 8192), (4096, 8192), (333, 2080), (7, 16416)])
+@pytest.mark.parametrize("cvt", [False, True], ids=["bits", "cvt"])
+def test_mx_rows_quantizer_on_gpu(m, k, cvt, monkeypatch, rng):
+    from humming_triton.kernels import dense
+    from humming_triton.kernels.dense import mx_rows_reference, triton_quantize_mx_rows
+    monkeypatch.setattr(dense, "CVT_E4M3", cvt)
+    spec = ht.QuantScheme.parse("w4a4-mxfp4").act
+    x = _mx_activations(max(m, 8), k, rng)[:m]
+    codes, scales = triton_quantize_mx_rows(x.cuda(), spec)
+    ref_codes, ref_scales = mx_rows_reference(x, spec)
+    assert torch.equal(codes.cpu(), ref_codes)
+    assert torch.equal(scales.cpu().nan_to_num(), ref_scales.nan_to_num())

@@ -239,7 +239,8 @@ def _e4m3_byte_f32(v):
 
 @triton.jit
 def act_quant_mx_rows_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_cm, BLOCK_K: tl.constexpr,
-                             ONE_PASS: tl.constexpr, CODE_VALUES: tl.constexpr = False):
+                             ONE_PASS: tl.constexpr, CODE_VALUES: tl.constexpr = False,
+                             CVT_E4M3: tl.constexpr = False):
     """MXFP4 activations (e2m1 codes, an e8m0 scale per 32 of K: the reference's quantization, code for code)
     written as e4m3 codes with one fp32 power-of-two scale per row, for fp8 GEMMs with row-wise scales.
 
@@ -283,12 +284,17 @@ def act_quant_mx_rows_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_cm, 
         q = tl.where(bad[:, None], 0.0, ax) * _pow2_f32(-e)[:, None]  # exact: a power of two, no overflow (q <= 6)
         mag = _e2m1_round_f32(q)
         # values more than 12 binades below the row scale round to 0 on e4m3's grid (6 * 2**-13 < 2**-10)
-        v, code = _e4m3_byte_f32(mag * _pow2_f32(tl.maximum(e - r, -13))[:, None])
+        exact = mag * _pow2_f32(tl.maximum(e - r, -13))[:, None]
         neg = (x < 0) & ~bad[:, None]  # a non-finite group's codes are +0
-        if CODE_VALUES:
-            out = tl.where(neg, -v, v).to(codes_ptr.dtype.element_ty)  # exact: e4m3 values are bf16 / fp16 values
+        if CVT_E4M3 and not CODE_VALUES:  # the hardware's ties-to-even conversion of an exact value: the same code
+            out = tl.where(neg, -exact, exact).to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8,
+                                                                                             bitcast=True)
         else:
-            out = (code | tl.where(neg, 128, 0)).to(tl.uint8)
+            v, code = _e4m3_byte_f32(exact)
+            if CODE_VALUES:
+                out = tl.where(neg, -v, v).to(codes_ptr.dtype.element_ty)  # exact: e4m3 values are bf16 / fp16 values
+            else:
+                out = (code | tl.where(neg, 128, 0)).to(tl.uint8)
         tl.store(codes_ptr + row * stride_cm + k0 + offs, out, mask=k0 + offs < K)
 
 

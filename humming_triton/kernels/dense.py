@@ -175,7 +175,8 @@ def triton_quantize_mx_rows(x2: torch.Tensor, spec: ActQuant,
     if m:
         one_pass, block, warps = mx_rows_shape(m, k)
         act_quant_mx_rows_kernel[(m,)](x2, codes, scales, k, x2.stride(0), codes.stride(0), BLOCK_K=block,
-                                       ONE_PASS=one_pass, CODE_VALUES=values is not None, num_warps=warps)
+                                       ONE_PASS=one_pass, CODE_VALUES=values is not None, CVT_E4M3=CVT_E4M3,
+                                       num_warps=warps)
     return codes, scales
 
 
