@@ -101,11 +101,11 @@ def main(out_path: str | None) -> None:
             dense.CVT_E4M3 = cvt
             for warps in (8, 16):
                 for per_sm in (1, 2, 4):
-                    def rows():
+                    def persistent():
                         dense._launch_token_rows(x, fp8, codes, scales, k, programs=per_sm * sms, num_warps=warps)
-                    rows()
+                    persistent()
                     same = torch.equal(codes, ref[0]) and torch.equal(scales, ref[1])
-                    timed(f"e4m3_token_rows_w{warps}_p{per_sm}{'_cvt' if cvt else ''}", rows, m, m * k + 4 * m,
+                    timed(f"e4m3_token_rows_w{warps}_p{per_sm}{'_cvt' if cvt else ''}", persistent, m, m * k + 4 * m,
                           same_as_first=same)
             timed(f"e4m3_token_library{'_cvt' if cvt else ''}", lambda: dense.triton_quantize_activation(x, fp8), m,
                   m * k + 4 * m)
@@ -155,11 +155,11 @@ def main(out_path: str | None) -> None:
             dense.CVT_E4M3 = cvt
             for warps in (2, 4, 8):
                 for per_sm in (2, 4, 8, 16):
-                    def rows():
+                    def persistent():
                         dense._launch_token_rows(x, fp8, codes, scales, block, programs=per_sm * sms,
                                                  num_warps=warps)
-                    rows()
-                    timed(f"moe_e4m3_token_rows_w{warps}_p{per_sm}{tag}", rows, m, out_bytes, kk,
+                    persistent()
+                    timed(f"moe_e4m3_token_rows_w{warps}_p{per_sm}{tag}", persistent, m, out_bytes, kk,
                           same_as_first=torch.equal(codes, ref[0]) and torch.equal(scales, ref[1]))
             dense.CVT_E4M3 = False
     if out_path:

@@ -287,8 +287,9 @@ def act_quant_mx_rows_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_cm, 
         exact = mag * _pow2_f32(tl.maximum(e - r, -13))[:, None]
         neg = (x < 0) & ~bad[:, None]  # a non-finite group's codes are +0
         if CVT_E4M3 and not CODE_VALUES:  # the hardware's ties-to-even conversion of an exact value: the same code
-            out = tl.where(neg, -exact, exact).to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8,
-                                                                                             bitcast=True)
+            # the sign as a bit (-x compiles to 0 - x on the GPU: +0 for x = +0, where the reference writes -0)
+            out = exact.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True) | \
+                tl.where(neg, 128, 0).to(tl.uint8)
         else:
             v, code = _e4m3_byte_f32(exact)
             if CODE_VALUES:
@@ -346,7 +347,7 @@ def _fp32_codes(x, s, INT8: tl.constexpr, F32_COMPARE: tl.constexpr = False):
         v = tl.minimum(tl.maximum(tl.where(x < 0, -r, r), -128.0), 127.0)
     else:
         r = tl.minimum(r, 448.0)
-        v = tl.where(x < 0, -r, r)
+        v = tl.where(x < 0, r * -1.0, r)  # not -r: Triton 3.6 compiles it to 0 - r, +0 where the reference has -0
     return v
 
 
@@ -389,10 +390,9 @@ def _codes_out(x, s, codes_ptr, INT8: tl.constexpr, CODE_VALUES: tl.constexpr, F
     if CVT_E4M3 and not INT8 and not CODE_VALUES:
         q, near = _e4m3_near_quotient(x, s)
         if tl.max(tl.ravel(near.to(tl.int32)), axis=0) > 0:
-            c = _fp32_codes(x, s, INT8, F32_COMPARE).to(tl.float8e4nv)  # exact values: the conversion is exact
-        else:
-            c = q.to(tl.float8e4nv, fp_downcast_rounding="rtne")
-        out = c.to(tl.uint8, bitcast=True)
+            q = _fp32_codes(x, s, INT8, F32_COMPARE)  # exact code values: their conversion below is exact
+        # one conversion after the branch: an fp8 tensor yielded out of it lost every 8th byte (Triton 3.6, H100)
+        out = q.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
     else:
         out = _stored(_fp32_codes(x, s, INT8, F32_COMPARE), codes_ptr, INT8, CODE_VALUES)
     return out
