@@ -40,6 +40,8 @@
 #   blockwise which block-scaled fp8 recipes F.scaled_mm takes here, and their speed  -> blockwise_probe.txt/json
 #   scaledmm where an fp8 GEMM's time goes: act quantizers, _scaled_mm row-wise vs tensor-wise  -> scaled_mm_probe.txt/json
 #   actquant the activation quantizers alone: mx_rows fp32 vs float64, e4m3 per-token variants  -> act_quant_probe.txt/json
+#   actncu  ncu sections of the per-token quantizer at 4096 x 8192 and 32768 x 2048 (scripts/act_quant_ncu.py)
+#           -> act_quant_ncu.txt
 #   moebreak MoE grouped GEMMs kernel by kernel (scripts/moe_breakdown.py) + ncu sections ($MOENCU_CASES)
 #           -> moe_breakdown.txt/json, moe_ncu.txt
 #   files   the GPU tests of the files in $GPU_TEST_FILES                                -> gpu_tests.txt
@@ -215,6 +217,9 @@ for step in $STEPS; do
                > "$OUT/scaled_mm_probe.txt" 2>&1 ;;
     actquant) stamp actquant; limited ${ACTQUANT_S:-90} python3 scripts/act_quant_probe.py "$OUT/act_quant_probe.json" \
                > "$OUT/act_quant_probe.txt" 2>&1 ;;  # the activation quantizers alone: variants A/B, % of copy
+    actncu)  stamp actncu; limited ${ACTNCU_S:-90} ncu --clock-control none -k regex:act_quant --section SpeedOfLight \
+               --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+               --section SchedulerStats python3 scripts/act_quant_ncu.py > "$OUT/act_quant_ncu.txt" 2>&1 ;;
     moebreak)  # MoE grouped GEMMs kernel by kernel (torch.profiler): auto and $MOEBREAK_FAMILIES' best, at
                # $MOEBREAK_CASES; then ncu sections of the auto call's kernels at $MOENCU_CASES
       stamp moebreak
