@@ -392,16 +392,21 @@ def test_persistent_token_quantizer_on_gpu(scheme, m, k, monkeypatch, rng):
 
 def _cvt_case(m, k, dtype, rng, dev):
     """Random rows (the hardware-conversion path's common case: no element near a midpoint) beside rows that hold
-    exact midpoints and their fp32 neighbours (its exact fallback), a NaN row, an all-zero row."""
+    exact midpoints and their fp32 neighbours (its exact fallback), -0.0, a NaN row, an all-zero row.  The ties
+    row's amax is 448 * 7, so its scale is 7 and the rounded quotient 7 mid / 7 can land on a midpoint the exact
+    one is not on (with a power-of-two scale the quotient is exact and no fallback is needed); 7 mid is exact in
+    bf16 (at most 8 significant bits)."""
     x = torch.randn(m, k, generator=rng) * torch.exp2(torch.randint(-8, 8, (m, 1), generator=rng).float())
     vals = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
     vals = torch.unique(vals[torch.isfinite(vals)].abs())
     mids = (vals[1:] + vals[:-1]) / 2
-    ties = torch.cat([mids, torch.nextafter(mids, torch.tensor(1e9)), -mids])[:k - 1]
+    ties = torch.cat([mids, torch.nextafter(mids, torch.tensor(1e9)), -mids])[:k - 1] * 7
     x[0, :ties.numel()] = ties
-    x[0, -1] = 448.0  # amax: the scale is exactly 1
-    x[min(1, m - 1), 3] = float("nan")
-    x[min(2, m - 1)] = 0
+    x[0, -1] = 448.0 * 7  # amax: the scale is exactly 7
+    x[m - 1, k // 2] = -0.0  # the reference writes +0 for -0.0 (the sign bit only for x < 0)
+    if m > 2:
+        x[1, 3] = float("nan")
+        x[2] = 0
     return x.to(dtype).to(dev)
 
 

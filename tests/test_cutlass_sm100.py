@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import time
 
-import pytest
 
 
 def _cuobjdump() -> str | None:

@@ -372,7 +372,7 @@ def _e4m3_near_quotient(x, s):
     is uniform with step 2^-9, and adding 2^-6 maps it onto the binade [2^-6, 2^-5), where the step is 2^-9 too
     (the sum's rounding adds half an ulp)."""
     f = tl.where(s < 8.673617379884035e-19, 1.8446744073709552e19, 1.0)  # 2^-60 -> 2^64, as _fp32_codes
-    q = (x * f) * tl.div_rn(1.0, s * f)  # |q| <= 448 (1 + 2^-22): the conversion saturates it to 448
+    q = (x * f) * tl.div_rn(1.0, s * f)  # |q| may pass 448 (s rounded down, or a subnormal s): the conversion saturates
     aq = tl.abs(q)
     low = (aq + tl.where(aq < 0.015625, 0.015625, 0.0)).to(tl.int32, bitcast=True) & 0xFFFFF
     return q, (low - 0x7FFF8).to(tl.uint32, bitcast=True) <= 16  # |low - 0x80000| <= 8
@@ -391,8 +391,11 @@ def _codes_out(x, s, codes_ptr, INT8: tl.constexpr, CODE_VALUES: tl.constexpr, F
         q, near = _e4m3_near_quotient(x, s)
         if tl.max(tl.ravel(near.to(tl.int32)), axis=0) > 0:
             q = _fp32_codes(x, s, INT8, F32_COMPARE)  # exact code values: their conversion below is exact
-        # one conversion after the branch: an fp8 tensor yielded out of it lost every 8th byte (Triton 3.6, H100)
-        out = q.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        # one conversion after the branch: an fp8 tensor yielded out of it lost every 8th byte (Triton 3.6, H100);
+        # the sign as a bit from x, as the reference sets it (x = -0.0 keeps code 0x00, a negative x that rounds
+        # to 0 gets 0x80)
+        out = tl.abs(q).to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True) | \
+            tl.where(x < 0, 128, 0).to(tl.uint8)
     else:
         out = _stored(_fp32_codes(x, s, INT8, F32_COMPARE), codes_ptr, INT8, CODE_VALUES)
     return out
