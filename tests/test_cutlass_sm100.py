@@ -8,7 +8,6 @@ import subprocess
 import time
 
 
-
 def _cuobjdump() -> str | None:
     from cutlass_ext.build import cuobjdump
     return cuobjdump()
