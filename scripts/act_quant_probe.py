@@ -2,8 +2,8 @@
 
 At K = 8192 and M = 1 / 16 / 256 / 4096, timed like the benchmark (CUDA-graph replay, L2 flushed, median):
 - MXFP4 e4m3 rows (``act_quant_mx_rows_kernel``) at ``dense.mx_rows_shape``'s launch shape and at other shapes,
-  bytes and bf16 code values, e4m3 bytes by bit operations or CVT_E4M3, outputs compared byte for byte (session 28 also timed the float64 twin this kernel
-  replaced: 1.9-2.7x slower);
+  bytes and bf16 code values, e4m3 bytes by bit operations or CVT_E4M3, outputs compared byte for byte
+  (session 28 also timed the float64 twin this kernel replaced: 1.9-2.7x slower);
 - per-token e4m3 (``act_quant_f32_kernel``) over num_warps 4 / 8 / 16 x the rounding (float64 or split-fp32
   midpoint comparison, or CVT_E4M3: the hardware conversion with the exact comparison only near midpoints), and
   the persistent ``act_quant_token_rows_kernel`` over num_warps 8 / 16 x 1 / 2 / 4 programs per SM, CVT_E4M3 off /
