@@ -238,6 +238,15 @@ def _e4m3_byte_f32(v):
 
 
 @triton.jit
+def _e4m3_signed_byte(mag, neg):
+    """The e4m3 byte of magnitude ``mag`` (fp32 >= 0; rounded ties-to-even, saturated by cvt.rn.satfinite) with
+    the sign bit where ``neg``: the sign as a bit, not through ``-x`` (Triton 3.6 compiles it to 0 - x, which is
+    +0 for x = +0 where the reference writes -0)."""
+    return mag.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True) | \
+        tl.where(neg, 128, 0).to(tl.uint8)
+
+
+@triton.jit
 def act_quant_mx_rows_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_cm, BLOCK_K: tl.constexpr,
                              ONE_PASS: tl.constexpr, CODE_VALUES: tl.constexpr = False,
                              CVT_E4M3: tl.constexpr = False):
@@ -287,9 +296,7 @@ def act_quant_mx_rows_kernel(x_ptr, codes_ptr, rs_ptr, K, stride_xm, stride_cm, 
         exact = mag * _pow2_f32(tl.maximum(e - r, -13))[:, None]
         neg = (x < 0) & ~bad[:, None]  # a non-finite group's codes are +0
         if CVT_E4M3 and not CODE_VALUES:  # the hardware's ties-to-even conversion of an exact value: the same code
-            # the sign as a bit (-x compiles to 0 - x on the GPU: +0 for x = +0, where the reference writes -0)
-            out = exact.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True) | \
-                tl.where(neg, 128, 0).to(tl.uint8)
+            out = _e4m3_signed_byte(exact, neg)
         else:
             v, code = _e4m3_byte_f32(exact)
             if CODE_VALUES:
@@ -394,8 +401,7 @@ def _codes_out(x, s, codes_ptr, INT8: tl.constexpr, CODE_VALUES: tl.constexpr, F
         # one conversion after the branch: an fp8 tensor yielded out of it lost every 8th byte (Triton 3.6, H100);
         # the sign as a bit from x, as the reference sets it (x = -0.0 keeps code 0x00, a negative x that rounds
         # to 0 gets 0x80)
-        out = tl.abs(q).to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True) | \
-            tl.where(x < 0, 128, 0).to(tl.uint8)
+        out = _e4m3_signed_byte(tl.abs(q), x < 0)
     else:
         out = _stored(_fp32_codes(x, s, INT8, F32_COMPARE), codes_ptr, INT8, CODE_VALUES)
     return out
