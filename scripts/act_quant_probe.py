@@ -109,7 +109,7 @@ def main(out_path: str | None) -> None:
                           same_as_first=same)
             timed(f"e4m3_token_library{'_cvt' if cvt else ''}", lambda: dense.triton_quantize_activation(x, fp8), m,
                   m * k + 4 * m)
-        dense.CVT_E4M3 = False
+        dense.CVT_E4M3 = None  # the library's rule again
         # NVFP4 activations (e2m1, e4m3 per 16, fp32 global): a program per group vs 64 groups per program
         nv = ht.PRESETS["w4a4-nvfp4"].act
         gscale = dense.triton_global_scale(x, nv)
@@ -161,7 +161,7 @@ def main(out_path: str | None) -> None:
                     persistent()
                     timed(f"moe_e4m3_token_rows_w{warps}_p{per_sm}{tag}", persistent, m, out_bytes, kk,
                           same_as_first=torch.equal(codes, ref[0]) and torch.equal(scales, ref[1]))
-            dense.CVT_E4M3 = False
+            dense.CVT_E4M3 = None
     if out_path:
         Path(out_path).write_text(json.dumps({"copy_gbps": copy_gbps, "rows": rows}, indent=1))
 
