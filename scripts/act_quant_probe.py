@@ -5,12 +5,12 @@ At K = 8192 and M = 1 / 16 / 256 / 4096, timed like the benchmark (CUDA-graph re
   bytes and bf16 code values, e4m3 bytes by bit operations or CVT_E4M3, outputs compared byte for byte
   (session 28 also timed the float64 twin this kernel replaced: 1.9-2.7x slower);
 - per-token e4m3 (``act_quant_f32_kernel``) over num_warps 4 / 8 / 16 x the rounding (float64 or split-fp32
-  midpoint comparison, or CVT_E4M3: the hardware conversion with the exact comparison only near midpoints), and
-  the persistent ``act_quant_token_rows_kernel`` over num_warps 8 / 16 x 1 / 2 / 4 programs per SM, CVT_E4M3 off /
-  on (outputs compared);
+  midpoint comparison; CVT_E4M3 1: the hardware conversion with the exact comparison only in tiles near a
+  midpoint; 2: near midpoints fixed element by element), and the library's launch with each rounding forced
+  (outputs compared; the persistent kernel, refuted in sessions 29-30, is no longer swept);
 - NVFP4 block activations (``act_quant_kernel``): one 16-wide group per program vs 64 groups per program;
-- the MoE rows (32768 x 2048 / 768: Qwen3-30B-A3B at 4096 tokens): per-token e4m3, one row per program vs the
-  persistent kernel.
+- the MoE rows (32768 x 2048 / 768: Qwen3-30B-A3B at 4096 tokens): per-token e4m3, one row per program at 1-8
+  warps x each rounding.
 % copy = (bytes read + written) / time / the benchmark's measured copy bandwidth.  JSON to argv[1]."""
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import humming_triton as ht  # noqa: E402
 from humming_triton.kernels import _act_quant as aq  # noqa: E402
 from humming_triton.kernels import dense  # noqa: E402
+
+
+_CVT_TAG = {False: "", True: "_cvt", 2: "_cvt2"}  # dense.CVT_E4M3 forced to each rounding
 
 
 def main(out_path: str | None) -> None:
@@ -82,12 +85,13 @@ def main(out_path: str | None) -> None:
         scales = torch.empty(m, 1, dtype=torch.float32, device="cuda")
         ref = None
         for warps in (4, 8, 16):
-            for mode in ("f64cmp", "f32cmp", "cvt"):
+            for mode in ("f64cmp", "f32cmp", "cvt", "cvt2"):
                 def run():
                     aq.act_quant_f32_kernel[(m, 1)](x, codes, scales, k, x.stride(0), codes.stride(0),
                                                     scales.stride(0), scales.stride(1), INT8=False, GROUP_K=k,
                                                     GROUPS=1, BLOCK_K=k, CODE_VALUES=False,
-                                                    F32_COMPARE=mode == "f32cmp", CVT_E4M3=mode == "cvt",
+                                                    F32_COMPARE=mode == "f32cmp",
+                                                    CVT_E4M3={"cvt": True, "cvt2": 2}.get(mode, False),
                                                     num_warps=warps)
                 run()
                 got = (codes.clone(), scales.clone())
@@ -95,19 +99,11 @@ def main(out_path: str | None) -> None:
                 same = torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
                 timed(f"e4m3_token_w{warps}_{mode}", run, m, m * k + 4 * m, same_as_first=same)
         timed("e4m3_token_library", lambda: dense.triton_quantize_activation(x, fp8), m, m * k + 4 * m)
-        # the persistent per-token quantizer (dense.TOKEN_ROWS_PERSISTENT, opt-in): warps x programs per SM
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        for cvt in (False, True):
+        # the library's launch with each rounding forced (the persistent kernel, refuted in sessions 29-30, is no
+        # longer swept: dense.TOKEN_ROWS_PERSISTENT stays opt-in)
+        for cvt in (False, True, 2):
             dense.CVT_E4M3 = cvt
-            for warps in (8, 16):
-                for per_sm in (1, 2, 4):
-                    def persistent():
-                        dense._launch_token_rows(x, fp8, codes, scales, k, programs=per_sm * sms, num_warps=warps)
-                    persistent()
-                    same = torch.equal(codes, ref[0]) and torch.equal(scales, ref[1])
-                    timed(f"e4m3_token_rows_w{warps}_p{per_sm}{'_cvt' if cvt else ''}", persistent, m, m * k + 4 * m,
-                          same_as_first=same)
-            timed(f"e4m3_token_library{'_cvt' if cvt else ''}", lambda: dense.triton_quantize_activation(x, fp8), m,
+            timed(f"e4m3_token_library{_CVT_TAG[cvt]}", lambda: dense.triton_quantize_activation(x, fp8), m,
                   m * k + 4 * m)
         dense.CVT_E4M3 = None  # the library's rule again
         # NVFP4 activations (e2m1, e4m3 per 16, fp32 global): a program per group vs 64 groups per program
@@ -129,8 +125,7 @@ def main(out_path: str | None) -> None:
             timed(f"nvfp4_groups_per_program_{per}", run, m, m * k + m * groups,
                   same_as_first=torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]))
     # the MoE rows (Qwen3-30B-A3B at 4096 tokens, top 8: 32768 routed rows of K = 2048 / 768): per-token e4m3,
-    # one row per program at 1-8 warps vs the persistent kernel at 2-8 warps x 2-16 programs per SM
-    sms = torch.cuda.get_device_properties("cuda").multi_processor_count
+    # one row per program at 1-8 warps, each rounding (the persistent kernel is no longer swept, as above)
     for m, kk in ((32768, 2048), (32768, 768)):
         x = torch.randn(m, kk, device="cuda", generator=g).to(torch.bfloat16)
         block = triton.next_power_of_2(kk)
@@ -139,8 +134,7 @@ def main(out_path: str | None) -> None:
         out_bytes = m * kk + 4 * m
         timed("moe_e4m3_token_library", lambda: dense.triton_quantize_activation(x, fp8), m, out_bytes, kk)
         ref = None
-        for cvt in (False, True):
-            tag = "_cvt" if cvt else ""
+        for cvt in (False, True, 2):
             for warps in (1, 2, 4, 8):
                 def run():
                     aq.act_quant_f32_kernel[(m, 1)](x, codes, scales, kk, x.stride(0), codes.stride(0),
@@ -150,18 +144,8 @@ def main(out_path: str | None) -> None:
                 run()
                 got = (codes.clone(), scales.clone())
                 ref = ref or got
-                timed(f"moe_e4m3_token_w{warps}{tag}", run, m, out_bytes, kk,
+                timed(f"moe_e4m3_token_w{warps}{_CVT_TAG[cvt]}", run, m, out_bytes, kk,
                       same_as_first=torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]))
-            dense.CVT_E4M3 = cvt
-            for warps in (2, 4, 8):
-                for per_sm in (2, 4, 8, 16):
-                    def persistent():
-                        dense._launch_token_rows(x, fp8, codes, scales, block, programs=per_sm * sms,
-                                                 num_warps=warps)
-                    persistent()
-                    timed(f"moe_e4m3_token_rows_w{warps}_p{per_sm}{tag}", persistent, m, out_bytes, kk,
-                          same_as_first=torch.equal(codes, ref[0]) and torch.equal(scales, ref[1]))
-            dense.CVT_E4M3 = None
     if out_path:
         Path(out_path).write_text(json.dumps({"copy_gbps": copy_gbps, "rows": rows}, indent=1))
 

@@ -130,7 +130,7 @@ def dump(path: str) -> int:
     for int8, values, (group, groups, block, warps) in itertools.product(
             (False, True), (False, True), ((128, 8, 128, 4), (4096, 1, 4096, 4), (8192, 1, 8192, 8),
                                            (32768, 1, 4096, 4))):  # fp32 scales; values: fp16 code values
-        for cvt in ((False, True) if not int8 and not values else (False,)):  # CVT_E4M3: e4m3 bytes only
+        for cvt in ((False, True, 2) if not int8 and not values else (False,)):  # CVT_E4M3: e4m3 bytes only
             consts = dict(INT8=int8, GROUP_K=group, GROUPS=groups, BLOCK_K=block, CODE_VALUES=values, CVT_E4M3=cvt)
             record(act_quant_f32_kernel, consts, {"x_ptr": "*bf16", "codes_ptr": "*fp16" if values else "*u8",
                                                   "scales_ptr": "*fp32"}, {}, warps, 3, 90)

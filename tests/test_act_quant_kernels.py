@@ -234,12 +234,12 @@ def test_fp8_gemm_on_gpu(scheme, shape, dtype, rng):
 
 # how the fp32 quantizer decides a rounding: the float64 midpoint comparison (default), split fp32, or the
 # hardware e4m3 conversion of the near-exact quotient (exact comparison only in tiles near a midpoint)
-ROUNDINGS = ["f64", "f32", "cvt"]
+ROUNDINGS = ["f64", "f32", "cvt", "cvt2"]
 
 
 def _set_rounding(dense, rounding, monkeypatch):
     monkeypatch.setattr(dense, "F32_COMPARE", rounding == "f32")
-    monkeypatch.setattr(dense, "CVT_E4M3", rounding == "cvt")
+    monkeypatch.setattr(dense, "CVT_E4M3", {"cvt": True, "cvt2": 2}.get(rounding, False))
 
 
 class _PosedCuda:
@@ -440,13 +440,14 @@ def _cvt_case(m, k, dtype, rng, dev):
 @pytest.mark.interpret
 @pytest.mark.parametrize("act", ["e4m3fn/fp32:token", "e4m3fn/fp32:g128"])
 @pytest.mark.parametrize("m,k,dtype", [(9, 640, torch.bfloat16), (5, 1100, torch.float16), (6, 384, torch.float32)])
-def test_cvt_e4m3_quantizer_matches_reference(act, m, k, dtype, monkeypatch, rng):
+@pytest.mark.parametrize("mode", ["cvt", "cvt2"])
+def test_cvt_e4m3_quantizer_matches_reference(act, m, k, dtype, mode, monkeypatch, rng):
     """``dense.CVT_E4M3``: the hardware conversion of the near-exact quotient, the exact comparison only where a
     tile holds an element near a midpoint -- code for code the reference's, through the library's launch and the
-    persistent one (per token)."""
+    persistent one (per token); mode cvt2 (``CVT_E4M3 = 2``): near midpoints fixed element by element."""
     from humming_triton.kernels import dense
     from humming_triton.kernels.dense import triton_quantize_activation
-    _set_rounding(dense, "cvt", monkeypatch)
+    _set_rounding(dense, mode, monkeypatch)
     spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
     k = -(-k // (spec.group_k or 1)) * (spec.group_k or 1)  # odd K per token; whole groups of 128
     x = _cvt_case(m, k, dtype, rng, "cpu")
@@ -465,10 +466,11 @@ def test_cvt_e4m3_quantizer_matches_reference(act, m, k, dtype, monkeypatch, rng
 @pytest.mark.parametrize("act", ["e4m3fn/fp32:token", "e4m3fn/fp32:g128"])
 @pytest.mark.parametrize("m,k", [(1, 8192), (4096, 8192), (32768, 2048), (333, 768), (70, 4100)])
 @pytest.mark.parametrize("persistent", [False, True])
-def test_cvt_e4m3_quantizer_on_gpu(act, m, k, persistent, monkeypatch, rng):
+@pytest.mark.parametrize("mode", ["cvt", "cvt2"])
+def test_cvt_e4m3_quantizer_on_gpu(act, m, k, persistent, mode, monkeypatch, rng):
     from humming_triton.kernels import dense
     from humming_triton.kernels.dense import triton_quantize_activation
-    _set_rounding(dense, "cvt", monkeypatch)
+    _set_rounding(dense, mode, monkeypatch)
     monkeypatch.setattr(dense, "TOKEN_ROWS_PERSISTENT", persistent)
     spec = ht.QuantScheme.parse(f"weight=int8,scale=fp32:channel,act={act}").act
     k = -(-k // (spec.group_k or 1)) * (spec.group_k or 1)

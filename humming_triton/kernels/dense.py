@@ -253,8 +253,10 @@ F32_COMPARE = False  # the quantizer's rounding decided in fp32 instead of float
 # 128.3 -> 121.3, x 768 72.8 -> 63.0) -- not below (M = 16 7.5 -> 8.2, M = 256 10.3 -> 11.6: one program per row,
 # where the longer dependent chain costs more than the fewer instructions save); per-token scales only (the
 # per-group fp8 rows were not faster: w8a8-fp8-block M = 4096 535 -> 557 µs in the act suite); SM 9.0 only.
-# HT_CVT_E4M3=1 / 0 forces it on / off everywhere (sm_89+ for on).
-CVT_E4M3 = {"1": True, "0": False}.get(os.environ.get("HT_CVT_E4M3", ""))
+# HT_CVT_E4M3=1 / 0 forces it on / off everywhere (sm_89+ for on).  2 (opt-in, untimed): per-token and per-group
+# codes by ``_act_quant._e4m3_exact_magnitude`` -- an element near a midpoint fixed where it is, no tile-wide
+# fallback (static SASS at K = 2048, 4 warps: see ANALYSIS session 30); the MXFP4 rows as with 1.
+CVT_E4M3 = {"1": True, "0": False, "2": 2}.get(os.environ.get("HT_CVT_E4M3", ""))
 CVT_E4M3_MIN_ROWS = 4096
 # On (measured on the H200, session 28: scripts/act_quant_probe.py, same bytes): the block quantizer's
 # multi-group tiles (NVFP4 at 4096 x 8192 113.5 µs, a program per group 2110), the e4m3 per-token quantizer at
