@@ -285,7 +285,8 @@ def main(argv=None) -> int:
                          "or 'none' (default: all of them)")
     ap.add_argument("--decode-defines", default="",
                     help="comma-separated NAME=VALUE macros for the decode kernels' compile (an experiment's "
-                         "build, e.g. HT_GROUPED_NT1_REGS=80 with --out elsewhere)")
+                         "build, e.g. HT_GROUPED_NT1_REGS=0 (the 64-register bound before session 30) with --out "
+                         "elsewhere)")
     args = ap.parse_args(argv)
     only = [int(f) for f in args.sm90_formats.split(",")] if args.sm90_formats else None
     variants = [int(v) for v in args.sm90_variants.split(",")] if args.sm90_variants else None
