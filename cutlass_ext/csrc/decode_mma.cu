@@ -630,19 +630,24 @@ __device__ __forceinline__ int expert_starting_at(const Params& p, long long y) 
 
 // ROWS: the row grid (p.row_grid), a kernel of its own so that the expert grid's build is unchanged (the lookup in
 // the same kernel took every grouped build 8-48 bytes more stack); one token tile only, where rows < experts.
-// HT_GROUPED_NT1_REGS: one token tile capped at that many registers (0: two 512-thread CTAs per SM, i.e. 64, the
-// bound before session 30).  Why 80: at 64 the grouped pass loop spills where the dense kernel does not (sm_90,
-// int4 bf16: U = 1 236 bytes, U = 3 544; ptxas -v, session 26); at 80, U = 1 spills 40 and U = 2 none.  Timed on
-// the H200 (session 30, scripts/grouped_probe.py --sweep, both builds in one run, w4a16): the table's configs
-// 4-13 % faster at Qwen3 / Mixtral 16-64 tokens.  Another value: python3 -m cutlass_ext.build --decode-defines.
+// HT_GROUPED_NT1_REGS: one token tile of w4a16 (int4 codes, no zero points, bf16 activations: what was timed)
+// capped at that many registers; every other kind, and 0, keeps the bound before session 30 (two 512-thread CTAs per
+// SM: 64).  Why 80: at 64 the grouped pass loop spills where the dense kernel does not (sm_90, int4 bf16: U = 1 236
+// bytes, U = 3 544; ptxas -v, session 26); at 80, U = 1 spills 40 and U = 2 none.  Timed on the H200 (session 30,
+// scripts/grouped_probe.py --sweep, both builds in one run, w4a16): the table's configs 4-13 % faster at Qwen3 /
+// Mixtral 16-64 tokens.  MXFP4 / NVFP4 / int8 / e4m3 / zero-point / fp16 kernels spill too but were not timed
+// capped.  Another value: python3 -m cutlass_ext.build --decode-defines.
 #ifndef HT_GROUPED_NT1_REGS
 #define HT_GROUPED_NT1_REGS 80
 #endif
-#if HT_GROUPED_NT1_REGS > 0
-#define HT_GROUPED_BOUNDS __launch_bounds__(512) __maxnreg__(NT == 1 ? HT_GROUPED_NT1_REGS : 128)
-#else
-#define HT_GROUPED_BOUNDS __launch_bounds__(512, NT == 1 ? 2 : 1)
-#endif
+template <typename T, int KIND, bool ZERO>
+constexpr int grouped_nt1_regs() {
+  return HT_GROUPED_NT1_REGS > 0 && std::is_same<T, __nv_bfloat16>::value && KIND == 4 && !ZERO ? HT_GROUPED_NT1_REGS
+                                                                                                 : 64;
+}
+// the capped kernels: __maxnreg__; the others keep exactly the bound they were timed with (two CTAs per SM)
+#define HT_GROUPED_BOUNDS __launch_bounds__(512, NT == 1 && grouped_nt1_regs<T, KIND, ZERO>() == 64 ? 2 : 1) \
+  __maxnreg__((NT == 1 ? grouped_nt1_regs<T, KIND, ZERO>() : 128))
 template <typename T, int KIND, int NT, bool ZERO, int U, bool ROWS>
 __global__ void HT_GROUPED_BOUNDS decode_mma_grouped_kernel(const Params p) {
   constexpr int LOADS = code_loads(KIND);
