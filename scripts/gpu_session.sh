@@ -137,14 +137,16 @@ for step in $STEPS; do
         python3 scripts/grouped_probe.py ${GROUPED_LAUNCHES:+--launches "$GROUPED_LAUNCHES"} > "$OUT/grouped_ncu.txt" 2>&1 ;;
     abgrouped)  # same-run A/B of the grouped decode kernel: scripts/grouped_probe.py --sweep with each of $AB_LIBS
                 # ("name:path ...", default "old:$AB_LIB") first, then with this checkout's library
-                # (e.g. AB_LIBS="r80:cutlass_ext/_build/libht_native_nt1r80.so", an --decode-defines build)
+                # (e.g. AB_LIBS="r80:cutlass_ext/_build/libht_native_nt1r80.so", an --decode-defines build);
+                # ABG_SCHEME: the experts' scheme (default w4a16; mxfp4, w4a8-mxfp4, ...)
                 #                                                -> abg_<name>.txt/json, abg_new.txt/json
       stamp abgrouped
       for named in ${AB_LIBS:-old:$AB_LIB}; do
         limited ${ABG_S:-120} env HT_NATIVE_LIB="${named#*:}" python3 scripts/grouped_probe.py --sweep \
-          --out "$OUT/abg_${named%%:*}.json" > "$OUT/abg_${named%%:*}.txt" 2>&1
+          --scheme ${ABG_SCHEME:-w4a16} --out "$OUT/abg_${named%%:*}.json" > "$OUT/abg_${named%%:*}.txt" 2>&1
       done
-      limited ${ABG_S:-120} python3 scripts/grouped_probe.py --sweep --out "$OUT/abg_new.json" > "$OUT/abg_new.txt" 2>&1 ;;
+      limited ${ABG_S:-120} python3 scripts/grouped_probe.py --sweep --scheme ${ABG_SCHEME:-w4a16} \
+        --out "$OUT/abg_new.json" > "$OUT/abg_new.txt" 2>&1 ;;
     ncu)  # stall reasons per SASS instruction of $NCU_LAUNCHES (native_probe --launches), and the sections
       stamp ncu
       limited ${NCU_S:-150} ncu --clock-control none -k regex:decode_mma --set full --import-source yes \

@@ -49,7 +49,8 @@ def _cfg(bm: int, kw: int, tw: int, u: int) -> KernelConfig:
 def sweep(out_path: str | None, scheme: str) -> None:
     from benchmarks.floor import StreamFloor
     from benchmarks.timing import time_configs, time_gpu
-    fam = families.get("mma_decode_grouped")
+    # activation-quantized schemes (w4a8-mxfp4, ...) on the same kernel with code values: the _act family
+    fam = families.get("mma_decode_grouped_act" if ht.QuantScheme.parse(scheme).act else "mma_decode_grouped")
     floor = StreamFloor()
     rows = []
     for name, e, topk, n, k, tokens in CASES:

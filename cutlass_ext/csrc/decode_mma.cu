@@ -603,9 +603,17 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 // int8 to 71 and the grouped kernel to 104, and those M = 8 / 128 MoE rows ran 4-18 % slower (session 11).  Two
 // tiles are bounded only with half-chunk x (half_chunk_x): with whole chunks in flight, capped at 64 they
 // rematerialise (+33 % loop instructions, 30-100 % slower, session 10).
+// HT_DENSE_NT2_REGS (an experiment's build, --decode-defines; 0 = off): the half-chunk two-tile kernels capped at
+// that many registers (one 512-thread CTA per SM) instead of 64 -- at 64 the M = 16 MXFP4 / NVFP4 configs the H200
+// table picks spill 108 bytes (ptxas -v, session 30); untimed.
+#ifndef HT_DENSE_NT2_REGS
+#define HT_DENSE_NT2_REGS 0
+#endif
+template <int KIND, int NT>
+constexpr bool dense_capped() { return HT_DENSE_NT2_REGS > 0 && NT == 2 && half_chunk_x<KIND, NT, false>(); }
 template <typename T, int KIND, int NT, bool ZERO, int U, bool XG>
-__global__ void __launch_bounds__(512, NT == 1 || half_chunk_x<KIND, NT, false>() ? 2 : 1)
-    decode_mma_kernel(const Params p) {
+__global__ void __launch_bounds__(512, (NT == 1 || half_chunk_x<KIND, NT, false>()) && !dense_capped<KIND, NT>() ? 2 : 1)
+    __maxnreg__((dense_capped<KIND, NT>() ? HT_DENSE_NT2_REGS : 128)) decode_mma_kernel(const Params p) {
   const View v{p.w, p.row_scales, p.act_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M,
                p.out_scale};
   decode_tile<T, KIND, NT, ZERO, U, false, XG>(p, v);
@@ -640,10 +648,15 @@ __device__ __forceinline__ int expert_starting_at(const Params& p, long long y) 
 #ifndef HT_GROUPED_NT1_REGS
 #define HT_GROUPED_NT1_REGS 80
 #endif
+// HT_GROUPED_NT1_ALL=1 (an experiment's build): the cap on every kind's one-token-tile kernel, for their A/B
+#ifndef HT_GROUPED_NT1_ALL
+#define HT_GROUPED_NT1_ALL 0
+#endif
 template <typename T, int KIND, bool ZERO>
 constexpr int grouped_nt1_regs() {
-  return HT_GROUPED_NT1_REGS > 0 && std::is_same<T, __nv_bfloat16>::value && KIND == 4 && !ZERO ? HT_GROUPED_NT1_REGS
-                                                                                                 : 64;
+  return HT_GROUPED_NT1_REGS > 0 && (HT_GROUPED_NT1_ALL || (std::is_same<T, __nv_bfloat16>::value && KIND == 4 && !ZERO))
+             ? HT_GROUPED_NT1_REGS
+             : 64;
 }
 // the capped kernels: __maxnreg__; the others keep exactly the bound they were timed with (two CTAs per SM)
 #define HT_GROUPED_BOUNDS __launch_bounds__(512, NT == 1 && grouped_nt1_regs<T, KIND, ZERO>() == 64 ? 2 : 1) \
