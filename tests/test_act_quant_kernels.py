@@ -253,8 +253,9 @@ class _PosedCuda:
 @pytest.mark.parametrize("sm", [(8, 9), (9, 0), (10, 0)])
 def test_cvt_e4m3_default_where_timed(sm, monkeypatch):
     """CVT_E4M3 unset: the hardware conversion only where the H200 timed it faster -- SM 9.0, the MXFP4 e4m3 rows
-    at every M, per-token codes from CVT_E4M3_MIN_ROWS rows on; forced on / off everywhere by the flag; never for
-    CPU tensors (the interpreter keeps the bit-operation path unless a test asks)."""
+    at every M, per-token codes from CVT_E4M3_MIN_ROWS rows on, never per-group scales; forced to its value
+    everywhere by the flag; never for CPU tensors (the interpreter keeps the bit-operation path unless a test
+    asks)."""
     from humming_triton import capability
     from humming_triton.kernels import dense
     monkeypatch.setattr(dense, "CVT_E4M3", None)
@@ -262,11 +263,13 @@ def test_cvt_e4m3_default_where_timed(sm, monkeypatch):
     least = dense.CVT_E4M3_MIN_ROWS
     on = sm == (9, 0)
     assert [dense.cvt_e4m3(_PosedCuda(m)) for m in (1, 256, least - 1, least, 8 * least)] == [False] * 3 + [on] * 2
-    assert [dense.cvt_e4m3(_PosedCuda(m), rows=False) for m in (1, 16, least)] == [on] * 3
-    assert not dense.cvt_e4m3(torch.zeros(least, 8)) and not dense.cvt_e4m3(torch.zeros(1, 8), rows=False)
-    for forced in (True, False):
+    assert [dense.cvt_e4m3(_PosedCuda(m), "mx_rows") for m in (1, 16, least)] == [on] * 3
+    assert not any(dense.cvt_e4m3(_PosedCuda(m), "group") for m in (1, least, 8 * least))  # per-group: untimed
+    assert not dense.cvt_e4m3(torch.zeros(least, 8)) and not dense.cvt_e4m3(torch.zeros(1, 8), "mx_rows")
+    for forced in (True, False, 2):
         monkeypatch.setattr(dense, "CVT_E4M3", forced)
-        assert dense.cvt_e4m3(_PosedCuda(1)) is forced and dense.cvt_e4m3(torch.zeros(1, 8), rows=False) is forced
+        assert all(dense.cvt_e4m3(x, q) is forced for x in (_PosedCuda(1), torch.zeros(1, 8))
+                   for q in ("token", "group", "mx_rows"))
 
 
 @pytest.mark.parametrize("act,grid", [("e4m3fn/fp32:token", "e4m3"), ("int8/fp32:token", "int"),

@@ -175,8 +175,8 @@ def triton_quantize_mx_rows(x2: torch.Tensor, spec: ActQuant,
     if m:
         one_pass, block, warps = mx_rows_shape(m, k)
         act_quant_mx_rows_kernel[(m,)](x2, codes, scales, k, x2.stride(0), codes.stride(0), BLOCK_K=block,
-                                       ONE_PASS=one_pass, CODE_VALUES=values is not None, CVT_E4M3=cvt_e4m3(x2, rows=False),
-                                       num_warps=warps)
+                                       ONE_PASS=one_pass, CODE_VALUES=values is not None,
+                                       CVT_E4M3=cvt_e4m3(x2, "mx_rows"), num_warps=warps)
     return codes, scales
 
 
@@ -250,7 +250,7 @@ F32_COMPARE = False  # the quantizer's rounding decided in fp32 instead of float
 # midpoint (``_act_quant._codes_out``; same bytes).  None (default): where the H200 timed it faster (session 30,
 # scripts/act_quant_probe.py, same run): the MXFP4 e4m3 rows at every M (M = 4096 x 8192 77.5 -> 68.3 µs, M = 1
 # 6.9 -> 6.7), per-token codes from CVT_E4M3_MIN_ROWS rows on (4096 x 8192 75.0 -> 71.7; MoE rows 32768 x 2048
-# 128.3 -> 121.3, x 768 72.8 -> 63.0) -- not below (M = 16 7.5 -> 8.2, M = 256 10.3 -> 11.6: one program per row,
+# 128.3 -> 121.3, x 768 72.8 -> 68.6) -- not below (M = 16 7.5 -> 8.2, M = 256 10.3 -> 11.6: one program per row,
 # where the longer dependent chain costs more than the fewer instructions save); per-token scales only (the
 # per-group fp8 rows were not faster: w8a8-fp8-block M = 4096 535 -> 557 µs in the act suite); SM 9.0 only.
 # HT_CVT_E4M3=1 / 0 forces it on / off everywhere (sm_89+ for on).  2 (opt-in, untimed): per-token and per-group
@@ -265,12 +265,13 @@ CVT_E4M3_MIN_ROWS = 4096
 FAST_ACT_QUANT = os.environ.get("HT_FAST_ACT_QUANT", "1") != "0"
 
 
-def cvt_e4m3(x2: torch.Tensor, rows: bool = True) -> bool:
-    """Whether the e4m3 quantizers of ``x2`` convert in hardware (``CVT_E4M3``'s rule); ``rows``: the per-token
-    quantizer (on from CVT_E4M3_MIN_ROWS rows), else the MXFP4 e4m3 rows (on at every M)."""
+def cvt_e4m3(x2: torch.Tensor, quantizer: str = "token") -> bool | int:
+    """The CVT_E4M3 constexpr of an e4m3 quantizer of ``x2`` (``CVT_E4M3``'s rule): ``quantizer`` "token" (per-token
+    scales: on from CVT_E4M3_MIN_ROWS rows), "group" (per-group scales: off), "mx_rows" (the MXFP4 e4m3 rows: on at
+    every M); CVT_E4M3 set forces its value on every one."""
     if CVT_E4M3 is not None:
         return CVT_E4M3
-    if not x2.is_cuda or (rows and x2.shape[0] < CVT_E4M3_MIN_ROWS):
+    if quantizer == "group" or not x2.is_cuda or (quantizer == "token" and x2.shape[0] < CVT_E4M3_MIN_ROWS):
         return False
     from ..capability import device_facts
     return device_facts(x2.device).sm == (9, 0)
@@ -298,7 +299,7 @@ def launch_act_quant(x2: torch.Tensor, spec: ActQuant, codes: torch.Tensor, scal
             x2, codes, scales, k, x2.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
             INT8=str(spec.dtype) == "int8", GROUP_K=g, GROUPS=per_prog, BLOCK_K=block,
             CODE_VALUES=codes.dtype != torch.uint8, F32_COMPARE=F32_COMPARE,
-            CVT_E4M3=CVT_E4M3 if CVT_E4M3 is not None else g == k and cvt_e4m3(x2),  # per-group scales: untimed
+            CVT_E4M3=cvt_e4m3(x2, "token" if g == k else "group"),
             # FAST_ACT_QUANT: 16 elements per thread, not 32 (61 registers, not 128, at K = 8192: 2 programs per SM)
             num_warps=min(16, max(4, block * per_prog // (512 if FAST_ACT_QUANT else 1024))))
         return
