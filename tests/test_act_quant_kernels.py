@@ -440,6 +440,54 @@ def _cvt_case(m, k, dtype, rng, dev):
     return x.to(dtype).to(dev)
 
 
+def _near_midpoint_rows(rng, scales: int = 6) -> torch.Tensor:
+    """Every e4m3 midpoint and its fp32 neighbours (+-1..3 ulps), both signs, times a scale with a random 24-bit
+    mantissa, one row per scale (its last element the amax that makes the quantizer derive exactly that scale):
+    the rounded quotient x * (1 / s) lands within a few ulps of a midpoint, on either side of it, where the exact
+    quotient may lie on the other."""
+    vals = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    vals = torch.unique(vals[torch.isfinite(vals)].abs())
+    mids = (vals[1:] + vals[:-1]) / 2
+    rows = []
+    for _ in range(scales):
+        exponent = int(torch.randint(-30, 30, (), generator=rng))
+        amax = torch.tensor(448.0) * (1 + torch.rand((), generator=rng)) * 2.0 ** exponent
+        x = mids * (amax / 448.0)  # the scale the quantizer derives (IEEE division in fp32, as the reference)
+        near, up, down = [x, -x], x, x
+        for _ in range(3):  # 1, 2, 3 fp32 ulps above and below
+            up, down = torch.nextafter(up, up * 2), torch.nextafter(down, down / 2)
+            near += [up, down]
+        rows.append(torch.cat(near + [amax.reshape(1)]))
+    return torch.stack(rows)
+
+
+def _near_midpoint_case(mode, dev, monkeypatch, rng):
+    from humming_triton.kernels import dense
+    from humming_triton.kernels.dense import triton_quantize_activation
+    _set_rounding(dense, mode, monkeypatch)
+    spec = ht.QuantScheme.parse("weight=int8,scale=fp32:channel,act=e4m3fn/fp32:token").act
+    x = _near_midpoint_rows(rng)
+    ref = ht.quantize_activation(x, spec)
+    q = triton_quantize_activation(x.to(dev), spec)
+    assert torch.equal(q.scales.cpu(), ref.scales)
+    assert torch.equal(q.codes.cpu(), ref.codes), (q.codes.cpu() != ref.codes).nonzero()[:5].tolist()
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("mode", ["f64", "f32", "cvt", "cvt2"])
+def test_quantizer_near_midpoints_at_random_scales(mode, monkeypatch, rng):
+    """The case the exact comparison (``_fp32_codes``), the tile fallback (CVT_E4M3 1) and the per-element fix
+    (2: split fp32, mid * s_hi exact, |x| - mid * s_hi exact by Sterbenz) exist for: code for code the
+    reference's (float64 division) at random scales (``_near_midpoint_rows``)."""
+    _near_midpoint_case(mode, "cpu", monkeypatch, rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["f64", "f32", "cvt", "cvt2"])
+def test_quantizer_near_midpoints_at_random_scales_on_gpu(mode, monkeypatch, rng):
+    _near_midpoint_case(mode, "cuda", monkeypatch, rng)
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize("act", ["e4m3fn/fp32:token", "e4m3fn/fp32:g128"])
 @pytest.mark.parametrize("m,k,dtype", [(9, 640, torch.bfloat16), (5, 1100, torch.float16), (6, 384, torch.float32)])
