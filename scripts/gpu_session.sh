@@ -137,7 +137,8 @@ for step in $STEPS; do
         python3 scripts/grouped_probe.py ${GROUPED_LAUNCHES:+--launches "$GROUPED_LAUNCHES"} > "$OUT/grouped_ncu.txt" 2>&1 ;;
     abgrouped)  # same-run A/B of the grouped decode kernel: scripts/grouped_probe.py --sweep with each of $AB_LIBS
                 # ("name:path ...", default "old:$AB_LIB") first, then with this checkout's library
-                # (e.g. AB_LIBS="r80:cutlass_ext/_build/libht_native_nt1r80.so", an --decode-defines build);
+                # (e.g. AB_LIBS="all80:cutlass_ext/_build/ab/libht_native_grouped_all80.so", an --decode-defines
+                # build);
                 # ABG_SCHEME: the experts' scheme (default w4a16; mxfp4, w4a8-mxfp4, ...)
                 #                                                -> abg_<name>.txt/json, abg_new.txt/json
       stamp abgrouped

@@ -612,7 +612,8 @@ __device__ __forceinline__ void decode_tile(const Params& p, const View& v) {
 template <int KIND, int NT>
 constexpr bool dense_capped() { return HT_DENSE_NT2_REGS > 0 && NT == 2 && half_chunk_x<KIND, NT, false>(); }
 template <typename T, int KIND, int NT, bool ZERO, int U, bool XG>
-__global__ void __launch_bounds__(512, (NT == 1 || half_chunk_x<KIND, NT, false>()) && !dense_capped<KIND, NT>() ? 2 : 1)
+__global__ void
+__launch_bounds__(512, (NT == 1 || half_chunk_x<KIND, NT, false>()) && !dense_capped<KIND, NT>() ? 2 : 1)
     __maxnreg__((dense_capped<KIND, NT>() ? HT_DENSE_NT2_REGS : 128)) decode_mma_kernel(const Params p) {
   const View v{p.w, p.row_scales, p.act_scales, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M,
                p.out_scale};
@@ -654,9 +655,8 @@ __device__ __forceinline__ int expert_starting_at(const Params& p, long long y) 
 #endif
 template <typename T, int KIND, bool ZERO>
 constexpr int grouped_nt1_regs() {
-  return HT_GROUPED_NT1_REGS > 0 && (HT_GROUPED_NT1_ALL || (std::is_same<T, __nv_bfloat16>::value && KIND == 4 && !ZERO))
-             ? HT_GROUPED_NT1_REGS
-             : 64;
+  constexpr bool w4a16 = std::is_same<T, __nv_bfloat16>::value && KIND == 4 && !ZERO;
+  return HT_GROUPED_NT1_REGS > 0 && (HT_GROUPED_NT1_ALL || w4a16) ? HT_GROUPED_NT1_REGS : 64;
 }
 // the capped kernels: __maxnreg__; the others keep exactly the bound they were timed with (two CTAs per SM)
 #define HT_GROUPED_BOUNDS __launch_bounds__(512, NT == 1 && grouped_nt1_regs<T, KIND, ZERO>() == 64 ? 2 : 1) \
