@@ -307,8 +307,12 @@ def _call_template(p: Packed, device: int, dtype, bias_dtype, out_dtype, kw, tw,
     return call
 
 
+# run_grouped's grids: HtDecodeCall.grid
+GRIDS = {"experts": 0, "rows": 1, "passes": 2}
+
+
 def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None, row_scales=None,
-            act_scales=None, routed_rows: int = 0) -> torch.Tensor:
+            act_scales=None, grid: str = "experts") -> torch.Tensor:
     if bias is not None and bias.dtype not in _OUT_DTYPES:
         bias = bias.float()
     if p.bits == E4M3 and x2.dtype != torch.float16:
@@ -327,7 +331,7 @@ def _launch(x2, p: Packed, bias, out, kw, tw, unroll, m, out_scale, offsets=None
     if act_scales is not None:
         call.act_scales, call.act_ld = act_scales.data_ptr(), act_scales.shape[1]
     if offsets is not None:
-        call.offsets, call.routed_rows = offsets.data_ptr(), routed_rows
+        call.offsets, call.routed_rows, call.grid = offsets.data_ptr(), x2.shape[0], GRIDS[grid]
     call.stream = current_stream(dev)
     check(library().ht_decode_mma(ctypes.byref(call)), "the native decode kernel")
     return out
@@ -385,20 +389,25 @@ def runner(p: Packed, dtype: torch.dtype, device: torch.device, m: int, bias: to
 
 def run_grouped(x2: torch.Tensor, p: Packed, offsets: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
                 kw: int = 4, tw: int = 1, unroll: int = 1, rows_per_pass: int = 8,
-                row_scales: torch.Tensor | None = None, row_grid: bool = False) -> torch.Tensor:
+                row_scales: torch.Tensor | None = None, grid: str = "experts") -> torch.Tensor:
     """``out[r] = row_scales[r] * (x2[r] @ W[e]^T) (+ bias[e])`` for ``offsets[e] <= r < offsets[e + 1]`` (rows
     sorted by expert; offsets int32 / int64 on the device, never read on the host; ``row_scales``: fp32 [rows], a
     per-token activation scale, or None).  An expert's rows run ``rows_per_pass`` (8, 16 or 32) at a time -- 32
-    (four token tiles) with ``unroll`` 1 or 2 only.  The grid has a CTA row per expert (experts without rows cost
-    one empty CTA each), or with ``row_grid`` and fewer rows than experts one per row of ``x2``, each running the
-    expert whose rows start there (the same result, without the empty CTAs)."""
+    (four token tiles) with ``unroll`` 1 or 2 only.  ``grid``, the launch's CTA rows (the same result each way):
+    "experts", one per expert, running all its passes (experts without rows cost one empty CTA each); "rows", with
+    fewer rows than experts, one per row of ``x2``, each running the expert whose rows start there (no empty
+    CTAs); "passes", one per pass of every expert's passes (a bound of them: rows / rows_per_pass + min(experts,
+    rows), the rest leave at once), each running one pass -- no loop around the tile, whose register bound then
+    holds without spills (decode_mma.cu's GRID_PASSES)."""
     if not p.experts:
         raise ValueError("run_grouped takes a stacked (expert) view (repack_experts)")
     if rows_per_pass not in (8, 16, 32):
         raise ValueError(f"rows_per_pass must be 8, 16 or 32, got {rows_per_pass}")
     if rows_per_pass == 32 and unroll > 2:
         raise ValueError(f"32 rows per pass take unroll 1 or 2 (registers), got {unroll}")
-    if row_grid and rows_per_pass != 8:
+    if grid not in GRIDS:
+        raise ValueError(f"grid must be one of {sorted(GRIDS)}, got {grid!r}")
+    if grid == "rows" and rows_per_pass != 8:
         raise ValueError(f"the row grid runs 8 rows per pass (one token tile), got {rows_per_pass}")
     if offsets.dtype not in (torch.int32, torch.int64) or offsets.numel() != p.experts + 1 or \
             offsets.device != x2.device:
@@ -408,7 +417,7 @@ def run_grouped(x2: torch.Tensor, p: Packed, offsets: torch.Tensor, bias: torch.
         return out
     bias = None if bias is None else bias.contiguous()  # [E, N], expert-major
     return _launch(x2, p, bias, out, kw, tw, unroll, rows_per_pass, 1.0, offsets.contiguous(), row_scales=row_scales,
-                   routed_rows=x2.shape[0] if row_grid else 0)
+                   grid=grid)
 
 
 def emulate(x2: torch.Tensor, p: Packed) -> torch.Tensor:

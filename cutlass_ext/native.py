@@ -10,7 +10,7 @@ import torch
 
 __all__ = ["library_path", "library", "unavailable", "check", "DecodeCall"]
 
-ABI = 7  # ht_decode_mma_abi() of the library this module calls; a stale build is refused, not mis-called
+ABI = 8  # ht_decode_mma_abi() of the library this module calls; a stale build is refused, not mis-called
 
 
 _I, _P, _F = ctypes.c_int, ctypes.c_void_p, ctypes.c_float
@@ -24,7 +24,7 @@ class DecodeCall(ctypes.Structure):
         [(name, _I) for name in ("out_dtype", "M", "N", "K", "ldx", "ldy", "group_chunks", "groups",
                                  "chunks_per_warp")] + \
         [("out_scale", _F), ("row_scales", _P), ("act_scales", _P), ("act_ld", _I), ("offsets", _P),
-         ("offsets_i64", _I), ("experts", _I), ("out_scales", _P), ("routed_rows", _I), ("stream", _P)]
+         ("offsets_i64", _I), ("experts", _I), ("out_scales", _P), ("routed_rows", _I), ("grid", _I), ("stream", _P)]
 
 
 def library_path() -> Path:

@@ -20,6 +20,7 @@
 #   ab      the native sweep (mma_decode, M = $AB_M, default 1,16) run with other builds of the library first
 #           ($AB_LIBS "name:path ...", default "old:$AB_LIB", e.g. the previous commit's kernels), then with this
 #           checkout's -- a same-run A/B of a kernel change                    -> ab_<name>.txt/json, ab_new.txt/json
+#   passgrid  the grouped decode kernel on the expert grid vs the pass grid, same run ($PG_SCHEMES)
 #   abgrouped same-run A/B of the grouped decode kernel (grouped_probe --sweep) under $AB_LIBS, then this build
 #           -> abg_<name>.txt/json, abg_new.txt/json
 #   groupedprobe the grouped decode kernel at MoE mid-token rows: wide config sweep + ncu sections
@@ -148,6 +149,14 @@ for step in $STEPS; do
       done
       limited ${ABG_S:-120} python3 scripts/grouped_probe.py --sweep --scheme ${ABG_SCHEME:-w4a16} \
         --out "$OUT/abg_new.json" > "$OUT/abg_new.txt" 2>&1 ;;
+    passgrid)  # same-run A/B of the grouped decode kernel's grids (one process per scheme of $PG_SCHEMES): every
+               # config on the expert grid and on the pass grid (grouped_probe --grids experts,passes)
+               #                                                -> passgrid_<scheme>.txt/json
+      stamp passgrid
+      for sch in ${PG_SCHEMES:-w4a16 mxfp4 w4a8-mxfp4}; do
+        limited ${PG_S:-120} python3 scripts/grouped_probe.py --sweep --scheme $sch --grids experts,passes \
+          --out "$OUT/passgrid_$sch.json" > "$OUT/passgrid_$sch.txt" 2>&1
+      done ;;
     ncu)  # stall reasons per SASS instruction of $NCU_LAUNCHES (native_probe --launches), and the sections
       stamp ncu
       limited ${NCU_S:-150} ncu --clock-control none -k regex:decode_mma --set full --import-source yes \

@@ -4,7 +4,9 @@
 the tuner's candidates -- at Qwen3-30B-A3B and Mixtral-8x7B expert shapes, routed as the benchmark routes
 (uniform random top-k), each checked against the reference and timed like the benchmark (CUDA-graph replay, L2
 flushed, median), beside the table's ``auto`` and the Triton stream floor of the bytes the routed experts hold.
-Without ``--sweep``: one launch of each ``--launches`` config, for ncu.  JSON with ``--out``."""
+``--grids experts,passes``: every config on each grid (``decode_mma.run_grouped``'s grid: the base family and its
+``_passes`` twin), interleaved case by case in one process -- a same-run A/B.  Without ``--sweep``: one launch of
+each ``--launches`` config, for ncu.  JSON with ``--out``."""
 from __future__ import annotations
 
 import argparse
@@ -42,15 +44,16 @@ def routed(e: int, topk: int, n: int, k: int, tokens: int, scheme: str, seed: in
     return qw, xs, offsets, counts
 
 
-def _cfg(bm: int, kw: int, tw: int, u: int) -> KernelConfig:
-    return KernelConfig("mma_decode_grouped", bm, 16 * tw, 64, kw, 8, kw * tw, u)
+def _cfg(bm: int, kw: int, tw: int, u: int, family: str = "mma_decode_grouped") -> KernelConfig:
+    return KernelConfig(family, bm, 16 * tw, 64, kw, 8, kw * tw, u)
 
 
-def sweep(out_path: str | None, scheme: str) -> None:
+def sweep(out_path: str | None, scheme: str, grids: list[str]) -> None:
     from benchmarks.floor import StreamFloor
     from benchmarks.timing import time_configs, time_gpu
     # activation-quantized schemes (w4a8-mxfp4, ...) on the same kernel with code values: the _act family
-    fam = families.get("mma_decode_grouped_act" if ht.QuantScheme.parse(scheme).act else "mma_decode_grouped")
+    base = "mma_decode_grouped_act" if ht.QuantScheme.parse(scheme).act else "mma_decode_grouped"
+    fams = {g: families.get(base if g == "experts" else f"{base}_{g}") for g in grids}
     floor = StreamFloor()
     rows = []
     for name, e, topk, n, k, tokens in CASES:
@@ -60,22 +63,24 @@ def sweep(out_path: str | None, scheme: str) -> None:
         f_us = floor.us(wbytes)
         ref = ht.reference_grouped_linear(xs, qw, offsets, out_dtype=torch.float32)
         out = torch.empty(xs.shape[0], n, dtype=xs.dtype, device="cuda")
-        configs = [_cfg(bm, kw, tw, u) for bm in (8, 16) for kw, tw, u in GRID]
-        timed, failed = time_configs(configs, lambda cfg: fam.run(xs, offsets, qw, None, xs.dtype, cfg, out), ref)
         auto = lambda: ht.grouped_linear(xs, qw, offsets)  # noqa: E731
         auto()
         auto_us = time_gpu(auto, budget_s=0.05)["us"]
-        row = {"case": name, "scheme": scheme, "experts": e, "topk": topk, "n": n, "k": k, "tokens": tokens,
-               "rows": int(xs.shape[0]), "active_experts": active, "auto_us": auto_us, "auto": last_plan("grouped_linear"),
-               "floor_us": f_us, "routed_bytes": wbytes, "all": [[round(t, 2), d, r] for t, d, r in timed],
-               "failed": failed}
-        rows.append(row)
-        best = timed[0]
-        print(f"{name:16s} {scheme} tokens {tokens:3d} ({active:3d} experts)  best {best[0]:7.1f} us ({best[1]}, "
-              f"err {best[2]:.1e})  auto {auto_us:7.1f} us ({row['auto']})  floor {f_us:6.1f} us -> "
-              f"{f_us / best[0] * 100:3.0f}% of floor", flush=True)
-        for t, d, r in timed[1:6]:
-            print(f"    {t:7.1f} us  {d}", flush=True)
+        for grid, fam in fams.items():
+            configs = [_cfg(bm, kw, tw, u, fam.name) for bm in (8, 16) for kw, tw, u in GRID]
+            timed, failed = time_configs(configs, lambda cfg: fam.run(xs, offsets, qw, None, xs.dtype, cfg, out),
+                                         ref)
+            row = {"case": name, "scheme": scheme, "grid": grid, "family": fam.name, "experts": e, "topk": topk,
+                   "n": n, "k": k, "tokens": tokens, "rows": int(xs.shape[0]), "active_experts": active,
+                   "auto_us": auto_us, "auto": last_plan("grouped_linear"), "floor_us": f_us, "routed_bytes": wbytes,
+                   "all": [[round(t, 2), d, r] for t, d, r in timed], "failed": failed}
+            rows.append(row)
+            best = timed[0]
+            print(f"{name:16s} {scheme} tokens {tokens:3d} ({active:3d} experts) {grid:7s} best {best[0]:7.1f} us "
+                  f"({best[1]}, err {best[2]:.1e})  auto {auto_us:7.1f} us ({row['auto']})  floor {f_us:6.1f} us "
+                  f"-> {f_us / best[0] * 100:3.0f}% of floor", flush=True)
+            for t, d, r in timed[1:6]:
+                print(f"    {t:7.1f} us  {d}", flush=True)
         del qw, xs
         torch.cuda.empty_cache()
     if out_path:
@@ -99,10 +104,11 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--scheme", default="w4a16")
     ap.add_argument("--launches", default="0:8,1,4,1;1:8,1,4,1;3:8,1,4,1")
+    ap.add_argument("--grids", default="experts", help="comma-separated: experts, passes (run_grouped's grid)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if a.sweep:
-        sweep(a.out, a.scheme)
+        sweep(a.out, a.scheme, a.grids.split(","))
     else:
         profile(a.launches, a.scheme)
     return 0

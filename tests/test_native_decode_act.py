@@ -363,15 +363,16 @@ def test_grouped_kernel_matches_reference(scheme, dtype, rng):
     n, k = 200, 768
     qc = _experts(scheme, 6, n, k, rng)
     qw = qc.to("cuda")
+    passes = families.get("mma_decode_grouped_act_passes")  # the same kernel on the pass grid
     for counts in ([0, 1, 0, 0, 2, 1], [3, 0, 17, 1, 40, 5]):
         x, offsets = _routed(counts, k, rng, dtype)
         ref, x_hat, w_hat = _grouped_reference(x, qc, offsets)
         call = Call("grouped_linear", qw.scheme, dtype, x.shape[0], n, k, 6)
-        assert fam.reason(call) is None
+        assert fam.reason(call) is None and passes.reason(call) is None
         for off in (offsets.cuda(), offsets.to(torch.int32).cuda()):
-            for cfg in fam.candidates(call):
+            for cfg in fam.candidates(call) + passes.candidates(call)[:3]:
                 out = poison_like(torch.empty(x.shape[0], n, dtype=dtype, device="cuda"))
-                y = fam.run(x.cuda(), off, qw, None, dtype, cfg, out)
+                y = families.get(cfg.family).run(x.cuda(), off, qw, None, dtype, cfg, out)
                 assert y.data_ptr() == out.data_ptr()
                 for e, (r0, r1) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
                     if r1 > r0:

@@ -251,10 +251,11 @@ struct Params {
   int offsets_i64;
   const float* out_scales;  // per expert (NVFP4 experts' global scales), or null: out_scale
   int experts;
-  // grouped: 0, CTA row y of the grid runs expert y; 1, the grid has one CTA row per routed row (fewer rows than
-  // experts) and CTA row y runs the expert whose rows start at y, if any -- every non-empty expert starts at a
-  // distinct row, so no expert is missed and no CTA is launched for an expert without rows (decode: 8 routed rows
-  // of 128 experts launched 16x the CTAs that had work)
+  // grouped: 0 (GRID_EXPERTS), CTA row y of the grid runs expert y, all its passes in a loop; 1 (GRID_ROWS), the
+  // grid has one CTA row per routed row (fewer rows than experts) and CTA row y runs the expert whose rows start at
+  // y, if any -- every non-empty expert starts at a distinct row, so no expert is missed and no CTA is launched for
+  // an expert without rows (decode: 8 routed rows of 128 experts launched 16x the CTAs that had work); 2
+  // (GRID_PASSES), CTA row y runs pass y of all the experts' passes in expert order, one pass per CTA (pass_at)
   int row_grid;
 };
 
@@ -637,6 +638,51 @@ __device__ __forceinline__ int expert_starting_at(const Params& p, long long y) 
   return ended < p.experts && row_offset(p, ended) == y ? ended : -1;
 }
 
+// Pass grid: the expert and first row of pass y (ROWS rows of one expert; the experts' passes in expert order), or
+// -1 past the last pass.  Each lane counts the passes of RUN consecutive experts (their offsets loaded at once: one
+// memory latency per 32 RUN experts, not one per 32), a warp scan places the lanes' runs, and the lane whose run
+// holds pass y finds the expert.  Every warp does the same (no barrier) and finds the same pass.
+template <int ROWS>
+__device__ __forceinline__ int pass_at(const Params& p, int y, long long& m0) {
+  constexpr int RUN = 8;
+  const int lane = threadIdx.x;  // blockDim.x == 32
+  int before = 0;                // passes of the experts before this round
+  for (int base = 0; base < p.experts && before <= y; base += 32 * RUN) {
+    const int i0 = base + lane * RUN;
+    long long off[RUN + 1];
+#pragma unroll
+    for (int j = 0; j <= RUN; ++j) off[j] = row_offset(p, min(i0 + j, p.experts));  // past the last: no passes
+    int n[RUN], total = 0;
+#pragma unroll
+    for (int j = 0; j < RUN; ++j) total += n[j] = (int)((off[j + 1] - off[j] + ROWS - 1) / ROWS);
+    int s = total;  // inclusive prefix sum over the lanes
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int t = __shfl_up_sync(0xffffffffu, s, d);
+      if (lane >= d) s += t;
+    }
+    const int first = before + s - total;  // the lane's first pass
+    const unsigned hit = __ballot_sync(0xffffffffu, first <= y && y < first + total);
+    if (hit) {
+      const int src = __ffs(hit) - 1;
+      int e = 0;
+      long long row = 0;
+      if (lane == src) {
+        int f = first;
+#pragma unroll
+        for (int j = 0; j < RUN; ++j) {
+          if (f <= y && y < f + n[j]) e = i0 + j, row = off[j] + (long long)(y - f) * ROWS;
+          f += n[j];
+        }
+      }
+      m0 = __shfl_sync(0xffffffffu, row, src);
+      return __shfl_sync(0xffffffffu, e, src);
+    }
+    before += __shfl_sync(0xffffffffu, s, 31);
+  }
+  return -1;
+}
+
 // ROWS: the row grid (p.row_grid), a kernel of its own so that the expert grid's build is unchanged (the lookup in
 // the same kernel took every grouped build 8-48 bytes more stack); one token tile only, where rows < experts.
 // HT_GROUPED_NT1_REGS: one token tile of w4a16 (int4 codes, no zero points, bf16 activations: what was timed)
@@ -661,13 +707,21 @@ constexpr int grouped_nt1_regs() {
 // the capped kernels: __maxnreg__; the others keep exactly the bound they were timed with (two CTAs per SM)
 #define HT_GROUPED_BOUNDS __launch_bounds__(512, NT == 1 && grouped_nt1_regs<T, KIND, ZERO>() == 64 ? 2 : 1) \
   __maxnreg__((NT == 1 ? grouped_nt1_regs<T, KIND, ZERO>() : 128))
-template <typename T, int KIND, int NT, bool ZERO, int U, bool ROWS>
+// GRID: GRID_EXPERTS / GRID_ROWS / GRID_PASSES (Params::row_grid).  The pass grid runs one pass per CTA, with no
+// loop around the tile: a loop around decode_tile (any loop, even one that breaks after its first pass) costs the
+// one-token-tile kernels 36-1100 bytes of spills under their register bounds, a single pass 0-36 (ptxas -v, sm_90,
+// session 31: MXFP4 U = 1 356 -> 8, int8 U = 1 576 -> 12, w4a16 U = 1 at 80 registers 40 -> 0, using 75).
+enum { GRID_EXPERTS = 0, GRID_ROWS = 1, GRID_PASSES = 2 };
+template <typename T, int KIND, int NT, bool ZERO, int U, int GRID>
 __global__ void HT_GROUPED_BOUNDS decode_mma_grouped_kernel(const Params p) {
   constexpr int LOADS = code_loads(KIND);
   View v{p.w, p.row_scales, nullptr, p.scales, p.zeros, p.fp4_scales, p.bias, p.x, p.y, p.M, p.out_scale};
-  const int e = ROWS ? expert_starting_at(p, blockIdx.y) : (int)blockIdx.y;
-  if (e < 0) return;  // no expert starts at this row: the whole CTA leaves together
-  const long long r0 = row_offset(p, e), r1 = row_offset(p, e + 1);
+  long long first = 0;  // GRID_PASSES: the pass's first row
+  const int e = GRID == GRID_ROWS     ? expert_starting_at(p, blockIdx.y)
+                : GRID == GRID_PASSES ? pass_at<8 * NT>(p, blockIdx.y, first)
+                                      : (int)blockIdx.y;
+  if (e < 0) return;  // no expert starts at this row / no pass here: the whole CTA leaves together
+  const long long r0 = GRID == GRID_PASSES ? first : row_offset(p, e), r1 = row_offset(p, e + 1);
   if (r1 <= r0) return;  // no rows routed to this expert: the whole CTA leaves together
   const size_t tiles = (p.N + 15) / 16;
   v.w += (size_t)e * tiles * p.chunks * LOADS * 32;
@@ -684,6 +738,7 @@ __global__ void HT_GROUPED_BOUNDS decode_mma_grouped_kernel(const Params p) {
     v.y = static_cast<char*>(p.y) + m0 * p.ldy * ysz;
     if (p.row_scales != nullptr) v.row_scales = p.row_scales + m0;
     decode_tile<T, KIND, NT, ZERO, U, true>(p, v);
+    if constexpr (GRID == GRID_PASSES) break;  // one pass per CTA: no back edge, no spills
   }
 }
 
@@ -696,14 +751,19 @@ cudaError_t launch(const Params& p, int experts, int kw, int tw, cudaStream_t st
     decode_mma_kernel<T, BITS, NT, ZERO, U, true><<<grid, block, smem, stream>>>(p);
   } else if constexpr (NT == 4) {  // 32 rows per pass: grouped launches only (dense M is at most 16)
     if (p.offsets == nullptr) return cudaErrorInvalidValue;
-    decode_mma_grouped_kernel<T, BITS, NT, ZERO, U, false><<<grid, block, smem, stream>>>(p);
+    if (p.row_grid == GRID_PASSES)
+      decode_mma_grouped_kernel<T, BITS, NT, ZERO, U, GRID_PASSES><<<grid, block, smem, stream>>>(p);
+    else
+      decode_mma_grouped_kernel<T, BITS, NT, ZERO, U, GRID_EXPERTS><<<grid, block, smem, stream>>>(p);
   } else {
     if (p.offsets == nullptr)
       decode_mma_kernel<T, BITS, NT, ZERO, U, false><<<grid, block, smem, stream>>>(p);
-    else if (p.row_grid)
-      decode_mma_grouped_kernel<T, BITS, NT, ZERO, U, NT == 1><<<grid, block, smem, stream>>>(p);
+    else if (p.row_grid == GRID_ROWS)
+      decode_mma_grouped_kernel<T, BITS, NT, ZERO, U, NT == 1 ? GRID_ROWS : GRID_EXPERTS><<<grid, block, smem, stream>>>(p);
+    else if (p.row_grid == GRID_PASSES)
+      decode_mma_grouped_kernel<T, BITS, NT, ZERO, U, GRID_PASSES><<<grid, block, smem, stream>>>(p);
     else
-      decode_mma_grouped_kernel<T, BITS, NT, ZERO, U, false><<<grid, block, smem, stream>>>(p);
+      decode_mma_grouped_kernel<T, BITS, NT, ZERO, U, GRID_EXPERTS><<<grid, block, smem, stream>>>(p);
   }
   return cudaGetLastError();
 }
@@ -758,8 +818,9 @@ cudaError_t pick_rest(const Params& p, int experts, int nt, bool zero, int unrol
 extern "C" {
 
 // 5: e8m0 block-scale codes carry 126 - j (repack); 6: one struct argument (ctypes converts each argument of a
-// call: 33 of them cost ~8 µs of host time per launch on this project's CPUs, a struct pointer ~1.3); 7: routed_rows
-int ht_decode_mma_abi() { return 7; }
+// call: 33 of them cost ~8 µs of host time per launch on this project's CPUs, a struct pointer ~1.3); 7: routed_rows;
+// 8: grid (the pass grid)
+int ht_decode_mma_abi() { return 8; }
 
 // One launch's arguments, in this order (cutlass_ext/native.py's DecodeCall mirrors it field for field).
 struct HtDecodeCall {
@@ -774,7 +835,8 @@ struct HtDecodeCall {
   const void* offsets;
   int offsets_i64, experts;
   const float* out_scales;
-  int routed_rows;  // grouped: the rows of x, when the grid should run over them (fewer than experts), else 0
+  int routed_rows;  // grouped: the rows of x (grid 1 and 2), else 0
+  int grid;         // grouped: 0 a CTA row per expert, 1 per routed row (taken below experts rows), 2 per pass
   void* stream;
 };
 
@@ -786,11 +848,14 @@ struct HtDecodeCall {
 // device: the CUDA device of every pointer and of stream (this library's runtime keeps its own current device).
 // Grouped (MoE): offsets [experts + 1] (int32, or int64 when offsets_i64) of x / y rows per expert, every weight
 // array expert-major; M is then the rows per pass (8: one token tile, 16: two, 32: four -- unroll 1 or 2 only),
-// any number of rows per expert.
+// any number of rows per expert.  grid: the grouped launch's CTA rows -- 0, one per expert (each runs all its
+// passes); 1, one per routed row, where routed_rows < experts (one token tile only), else 0; 2, one per pass: at
+// most routed_rows / M + min(experts, routed_rows) of them (each expert wastes less than one pass), else 0 where
+// that exceeds the grid's 65535 rows.
 int ht_decode_mma(const HtDecodeCall* call) {
   const auto [device, dtype, bits, zero, unroll, kw, tw, w, x, scales, zeros, fp4_scales, bias, bias_dtype, y,
               out_dtype, M, N, K, ldx, ldy, group_chunks, groups, chunks_per_warp, out_scale, row_scales,
-              act_scales, act_ld, offsets, offsets_i64, experts, out_scales, routed_rows, stream] = *call;
+              act_scales, act_ld, offsets, offsets_i64, experts, out_scales, routed_rows, grid, stream] = *call;
   if (M < 1 || M > (offsets == nullptr ? 16 : 32) || kw < 1 || tw < 1 || 32 * kw * tw > 512 || experts < 1)
     return cudaErrorInvalidValue;  // grouped launches: M is the rows per pass (8, 16 or 32)
   if (bits >= 40 && (dtype != 1 || zero)) return cudaErrorInvalidValue;  // e2m1: bf16 activations, no zero point
@@ -814,9 +879,14 @@ int ht_decode_mma(const HtDecodeCall* call) {
   const int nt = M <= 8 ? 1 : M <= 16 ? 2 : 4;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   int grid_y = experts;  // CTA rows of a grouped launch
-  if (offsets != nullptr && routed_rows > 0 && routed_rows < experts) {
+  if (offsets != nullptr && grid == GRID_ROWS && routed_rows > 0 && routed_rows < experts) {
     if (nt != 1) return cudaErrorInvalidValue;  // the row grid is built for one token tile (8 rows per pass) only
-    p.row_grid = 1, grid_y = routed_rows;
+    p.row_grid = GRID_ROWS, grid_y = routed_rows;
+  } else if (offsets != nullptr && grid == GRID_PASSES && routed_rows > 0) {
+    const long long passes = routed_rows / (8 * nt) + min(experts, routed_rows);
+    if (passes <= 65535) p.row_grid = GRID_PASSES, grid_y = (int)passes;
+  } else if (offsets != nullptr && grid != GRID_EXPERTS && grid != GRID_ROWS) {
+    return cudaErrorInvalidValue;
   }
   if (act_scales != nullptr)
     return bits == 18 ? pick_act_groups<18>(p, nt, unroll, kw, tw, s) : pick_act_groups<8>(p, nt, unroll, kw, tw, s);

@@ -41,7 +41,7 @@ class MMADecodeGrouped(Family):
     name = "mma_decode_grouped"
     op = "grouped_linear"
     backend = "cuda"
-    row_grid = False  # the grid's CTA rows: one per expert (decode_mma.run_grouped's row_grid)
+    grid = "experts"  # the launch's CTA rows: one per expert (decode_mma.run_grouped's grid)
 
     def reason(self, call: Call) -> str | None:
         why = expert_call_reason(call)
@@ -82,7 +82,7 @@ class MMADecodeGrouped(Family):
             torch.empty(t, n, dtype=torch.float32, device=x.device)
         dm.run_grouped(x, packed_experts(qw), offsets, bias, target, kw=cfg.split_k, tw=cfg.block_n // 16,
                        unroll=cfg.num_stages, rows_per_pass=cfg.block_m, row_scales=row_scales,
-                       row_grid=self.row_grid)
+                       grid=self.grid)
         if target is not y:
             y.copy_(target)
         return y
@@ -100,7 +100,7 @@ class MMADecodeGroupedRows(MMADecodeGrouped):
     token gate_up 16.9 / down 13.8 µs, Humming 17.7 / 15.7 same run); ``auto`` takes it only where a device's
     measured table names it (the H200's does not yet)."""
     name = "mma_decode_grouped_rows"
-    row_grid = True
+    grid = "rows"
     _DEEP_K = [(8, 2, 1), (16, 1, 1), (8, 1, 2)]
 
     def reason(self, call: Call) -> str | None:
@@ -116,3 +116,20 @@ class MMADecodeGroupedRows(MMADecodeGrouped):
 
 
 register(MMADecodeGroupedRows())
+
+
+class PassGrid:
+    """Mixin: a grouped decode family's kernel and result with a CTA row per pass (``decode_mma.run_grouped``'s
+    "passes" grid) instead of one per expert running all its passes in a loop.  Why: the loop itself -- any loop
+    around the tile -- makes ptxas spill under the kernel's register bound (one token tile, sm_90, session 31:
+    MXFP4 / NVFP4 U = 1 356-368 bytes of spill stores -> 8, int8 U = 1 576 -> 12, w4a16 at 80 registers 40 -> 0,
+    two token tiles U = 3 132-852 -> 0), and an expert of several passes runs them side by side.  Built, untimed
+    (session 31): ``auto`` takes it only where a device's measured table names it."""
+    grid = "passes"
+
+
+class MMADecodeGroupedPasses(PassGrid, MMADecodeGrouped):
+    name = "mma_decode_grouped_passes"
+
+
+register(MMADecodeGroupedPasses())

@@ -19,7 +19,7 @@ from ...calls import Call
 from . import register
 from ..dense import quantize_activation_values
 from .mma_decode_act import MMADecodeAct, act_reason, code_dtype
-from .mma_decode_grouped import MMADecodeGrouped, expert_call_reason
+from .mma_decode_grouped import MMADecodeGrouped, PassGrid, expert_call_reason
 
 
 class MMADecodeGroupedAct(MMADecodeGrouped):
@@ -47,3 +47,10 @@ class MMADecodeGroupedAct(MMADecodeGrouped):
 
 
 register(MMADecodeGroupedAct())
+
+
+class MMADecodeGroupedActPasses(PassGrid, MMADecodeGroupedAct):
+    name = "mma_decode_grouped_act_passes"
+
+
+register(MMADecodeGroupedActPasses())
