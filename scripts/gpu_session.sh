@@ -155,7 +155,7 @@ for step in $STEPS; do
       stamp passgrid
       for sch in ${PG_SCHEMES:-w4a16 mxfp4 w4a8-mxfp4}; do
         limited ${PG_S:-120} python3 scripts/grouped_probe.py --sweep --scheme $sch --grids experts,passes \
-          --out "$OUT/passgrid_$sch.json" > "$OUT/passgrid_$sch.txt" 2>&1
+          --tokens ${PG_TOKENS:-16,64} --out "$OUT/passgrid_$sch.json" > "$OUT/passgrid_$sch.txt" 2>&1
       done ;;
     ncu)  # stall reasons per SASS instruction of $NCU_LAUNCHES (native_probe --launches), and the sections
       stamp ncu

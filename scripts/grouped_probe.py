@@ -26,7 +26,9 @@ from humming_triton.kernels import families  # noqa: E402
 # (name, experts, top-k, N, K, tokens)
 CASES = [("qwen3_gate_up", 128, 8, 1536, 2048, 16), ("qwen3_gate_up", 128, 8, 1536, 2048, 64),
          ("qwen3_down", 128, 8, 2048, 768, 16), ("qwen3_down", 128, 8, 2048, 768, 64),
-         ("mixtral_gate_up", 8, 2, 28672, 4096, 16), ("mixtral_down", 8, 2, 4096, 14336, 16)]
+         ("mixtral_gate_up", 8, 2, 28672, 4096, 16), ("mixtral_down", 8, 2, 4096, 14336, 16),
+         # 256 tokens (2048 routed rows, 16 per expert): CUTLASS's rows today, at 0.57-0.62x Humming (session 30)
+         ("qwen3_gate_up", 128, 8, 1536, 2048, 256), ("qwen3_down", 128, 8, 2048, 768, 256)]
 GRID = [(kw, tw, u) for kw in (1, 2, 4, 8) for tw in (1, 2, 4) for u in (1, 2, 3, 4) if kw * tw <= 16]
 
 
@@ -48,7 +50,7 @@ def _cfg(bm: int, kw: int, tw: int, u: int, family: str = "mma_decode_grouped") 
     return KernelConfig(family, bm, 16 * tw, 64, kw, 8, kw * tw, u)
 
 
-def sweep(out_path: str | None, scheme: str, grids: list[str]) -> None:
+def sweep(out_path: str | None, scheme: str, grids: list[str], tokens: set[int]) -> None:
     from benchmarks.floor import StreamFloor
     from benchmarks.timing import time_configs, time_gpu
     # activation-quantized schemes (w4a8-mxfp4, ...) on the same kernel with code values: the _act family
@@ -56,7 +58,7 @@ def sweep(out_path: str | None, scheme: str, grids: list[str]) -> None:
     fams = {g: families.get(base if g == "experts" else f"{base}_{g}") for g in grids}
     floor = StreamFloor()
     rows = []
-    for name, e, topk, n, k, tokens in CASES:
+    for name, e, topk, n, k, tokens in (c for c in CASES if c[-1] in tokens):
         qw, xs, offsets, counts = routed(e, topk, n, k, tokens, scheme)
         active = int((counts > 0).sum())
         wbytes = qw.nbytes() * active // e  # the routed experts' bytes: what the kernel must stream
@@ -83,8 +85,8 @@ def sweep(out_path: str | None, scheme: str, grids: list[str]) -> None:
                 print(f"    {t:7.1f} us  {d}", flush=True)
         del qw, xs
         torch.cuda.empty_cache()
-    if out_path:
-        Path(out_path).write_text(json.dumps({"rows": rows, "floor": floor.summary()}, indent=1))
+        if out_path:  # after every case: a run cut off by its time limit keeps what it measured
+            Path(out_path).write_text(json.dumps({"rows": rows, "floor": floor.summary()}, indent=1))
 
 
 def profile(launches: str, scheme: str) -> None:
@@ -105,10 +107,11 @@ def main() -> int:
     ap.add_argument("--scheme", default="w4a16")
     ap.add_argument("--launches", default="0:8,1,4,1;1:8,1,4,1;3:8,1,4,1")
     ap.add_argument("--grids", default="experts", help="comma-separated: experts, passes (run_grouped's grid)")
+    ap.add_argument("--tokens", default="16,64", help="comma-separated token counts of CASES to sweep")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if a.sweep:
-        sweep(a.out, a.scheme, a.grids.split(","))
+        sweep(a.out, a.scheme, a.grids.split(","), {int(t) for t in a.tokens.split(",")})
     else:
         profile(a.launches, a.scheme)
     return 0
