@@ -355,6 +355,37 @@ def test_grouped_row_grid_family_reasons():
     assert {(c.split_k, c.block_n // 16) for c in got} > {(c.split_k, c.block_n // 16) for c in base.candidates(few)}
 
 
+def _grid_equals_expert_grid(name, fmt, dtype, rng, e, n, k, routings, pick=lambda cfgs: cfgs):
+    """Family ``name`` (the grouped decode kernel on another grid) computes bit for bit what the expert grid does
+    with the same config, on every routing of ``routings`` and int64 / int32 offsets, and matches the reference
+    expert by expert; ``pick`` chooses the configs from the family's candidates."""
+    from cutlass_ext import native
+    from humming_triton.calls import Call
+    from humming_triton.kernels import families
+    if native.unavailable():
+        pytest.fail(native.unavailable())
+    base, fam = families.get("mma_decode_grouped"), families.get(name)
+    qw = _experts(fmt, e, n, k, rng).to("cuda")
+    w_hat = ht.dequantize_weight(qw.to("cpu"))
+    for counts in routings:
+        x, offsets = _routing(counts, k, rng, dtype)
+        ref = ht.reference_grouped_linear(x, qw.to("cpu"), offsets, out_dtype=torch.float32).double()
+        call = Call("grouped_linear", qw.scheme, dtype, x.shape[0], n, k, e)
+        assert fam.reason(call) is None
+        xc = x.cuda()
+        for off in (offsets.cuda(), offsets.to(torch.int32).cuda()):
+            for cfg in pick(fam.candidates(call)):
+                want = base.run(xc, off, qw, None, dtype, dataclasses.replace(cfg, family=base.name),
+                                poison_like(torch.empty(x.shape[0], n, dtype=dtype, device="cuda")))
+                got = fam.run(xc, off, qw, None, dtype, cfg,
+                              poison_like(torch.empty(x.shape[0], n, dtype=dtype, device="cuda")))
+                assert torch.equal(got, want), f"{fmt} {counts} {cfg.describe()} {off.dtype}"
+                for j, (r0, r1) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+                    if r1 > r0:
+                        assert_linear_close(got[r0:r1].cpu(), ref[r0:r1], x[r0:r1].float(), w_hat[j], dtype,
+                                            f"{fmt} {counts} e{j} {cfg.describe()}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,dtype", [("w4a16", torch.bfloat16), ("w8a16-asym", torch.float16),
                                        ("mxfp4", torch.bfloat16)])
@@ -362,32 +393,9 @@ def test_grouped_row_grid_equals_expert_grid(fmt, dtype, rng):
     """The row grid (a CTA row per routed row, each running the expert whose rows start there) computes exactly
     what the expert grid does: empty experts first, last and between, an expert of two passes, int32 / int64
     offsets; and it matches the reference."""
-    from cutlass_ext import native
-    from humming_triton.calls import Call
-    from humming_triton.kernels import families
-    if native.unavailable():
-        pytest.fail(native.unavailable())
-    base, fam = families.get("mma_decode_grouped"), families.get("mma_decode_grouped_rows")
-    e, n, k = 16, 72, 384
-    qw = _experts(fmt, e, n, k, rng).to("cuda")
-    w_hat = ht.dequantize_weight(qw.to("cpu"))
-    for counts in ([0, 0, 3, 0, 9] + [0] * 11, [1] + [0] * 15, [0] * 15 + [1], [1, 0, 2, 0, 1, 1, 0, 0, 4] + [0] * 7):
-        x, offsets = _routing(counts, k, rng, dtype)
-        ref = ht.reference_grouped_linear(x, qw.to("cpu"), offsets, out_dtype=torch.float32).double()
-        call = Call("grouped_linear", qw.scheme, dtype, x.shape[0], n, k, e)
-        assert fam.reason(call) is None
-        xc = x.cuda()
-        for off in (offsets.cuda(), offsets.to(torch.int32).cuda()):
-            for cfg in fam.candidates(call):
-                want = base.run(xc, off, qw, None, dtype, cfg, poison_like(torch.empty(x.shape[0], n, dtype=dtype,
-                                                                                     device="cuda")))
-                got = fam.run(xc, off, qw, None, dtype, cfg, poison_like(torch.empty(x.shape[0], n, dtype=dtype,
-                                                                                   device="cuda")))
-                assert torch.equal(got, want), f"{fmt} {counts} {cfg.describe()} {off.dtype}"
-                for j, (r0, r1) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
-                    if r1 > r0:
-                        assert_linear_close(got[r0:r1].cpu(), ref[r0:r1], x[r0:r1].float(), w_hat[j], dtype,
-                                            f"{fmt} {counts} e{j} {cfg.describe()}")
+    _grid_equals_expert_grid("mma_decode_grouped_rows", fmt, dtype, rng, 16, 72, 384,
+                             ([0, 0, 3, 0, 9] + [0] * 11, [1] + [0] * 15, [0] * 15 + [1],
+                              [1, 0, 2, 0, 1, 1, 0, 0, 4] + [0] * 7))
 
 
 def test_grouped_pass_grid_family():
@@ -418,36 +426,12 @@ def test_grouped_pass_grid_equals_expert_grid(fmt, dtype, rng):
     exactly what the expert grid does, at 8 / 16 / 32 rows per pass: empty experts first, last and between,
     experts of one to five passes, every row in one expert, one row in all, int32 / int64 offsets; and it matches
     the reference."""
-    from cutlass_ext import native
-    from humming_triton.calls import Call
-    from humming_triton.kernels import families
-    if native.unavailable():
-        pytest.fail(native.unavailable())
-    base, fam = families.get("mma_decode_grouped"), families.get("mma_decode_grouped_passes")
-    e, n, k = 40, 72, 384
-    qw = _experts(fmt, e, n, k, rng).to("cuda")
-    w_hat = ht.dequantize_weight(qw.to("cpu"))
-    for counts in ([0, 0, 3, 0, 9] + [0] * 35, [70] + [0] * 39, [0] * 39 + [33], [1] * 40,
-                   [1, 0, 17, 0, 1, 8, 0, 0, 16, 2] * 4):
-        x, offsets = _routing(counts, k, rng, dtype)
-        ref = ht.reference_grouped_linear(x, qw.to("cpu"), offsets, out_dtype=torch.float32).double()
-        call = Call("grouped_linear", qw.scheme, dtype, x.shape[0], n, k, e)
-        assert fam.reason(call) is None
-        cfgs = fam.candidates(call)
-        cfgs = cfgs[:4] + [dataclasses.replace(c, block_m=16) for c in cfgs[:2]] + \
+    def pick(cfgs):
+        return cfgs[:4] + [dataclasses.replace(c, block_m=16) for c in cfgs[:2]] + \
             [dataclasses.replace(c, block_m=32) for c in cfgs if c.num_stages <= 2][:2]
-        xc = x.cuda()
-        for off in (offsets.cuda(), offsets.to(torch.int32).cuda()):
-            for cfg in cfgs:
-                want = base.run(xc, off, qw, None, dtype, dataclasses.replace(cfg, family=base.name),
-                                poison_like(torch.empty(x.shape[0], n, dtype=dtype, device="cuda")))
-                got = fam.run(xc, off, qw, None, dtype, cfg,
-                              poison_like(torch.empty(x.shape[0], n, dtype=dtype, device="cuda")))
-                assert torch.equal(got, want), f"{fmt} {counts} {cfg.describe()} {off.dtype}"
-                for j, (r0, r1) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
-                    if r1 > r0:
-                        assert_linear_close(got[r0:r1].cpu(), ref[r0:r1], x[r0:r1].float(), w_hat[j], dtype,
-                                            f"{fmt} {counts} e{j} {cfg.describe()}")
+    _grid_equals_expert_grid("mma_decode_grouped_passes", fmt, dtype, rng, 40, 72, 384,
+                             ([0, 0, 3, 0, 9] + [0] * 35, [70] + [0] * 39, [0] * 39 + [33], [1] * 40,
+                              [1, 0, 17, 0, 1, 8, 0, 0, 16, 2] * 4), pick)
 
 
 @pytest.mark.gpu
