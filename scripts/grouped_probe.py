@@ -50,7 +50,7 @@ def _cfg(bm: int, kw: int, tw: int, u: int, family: str = "mma_decode_grouped") 
     return KernelConfig(family, bm, 16 * tw, 64, kw, 8, kw * tw, u)
 
 
-def sweep(out_path: str | None, scheme: str, grids: list[str], tokens: set[int]) -> None:
+def sweep(out_path: str | None, scheme: str, grids: list[str], token_counts: set[int]) -> None:
     from benchmarks.floor import StreamFloor
     from benchmarks.timing import time_configs, time_gpu
     # activation-quantized schemes (w4a8-mxfp4, ...) on the same kernel with code values: the _act family
@@ -58,7 +58,7 @@ def sweep(out_path: str | None, scheme: str, grids: list[str], tokens: set[int])
     fams = {g: families.get(base if g == "experts" else f"{base}_{g}") for g in grids}
     floor = StreamFloor()
     rows = []
-    for name, e, topk, n, k, tokens in (c for c in CASES if c[-1] in tokens):
+    for name, e, topk, n, k, tokens in [c for c in CASES if c[-1] in token_counts]:
         qw, xs, offsets, counts = routed(e, topk, n, k, tokens, scheme)
         active = int((counts > 0).sum())
         wbytes = qw.nbytes() * active // e  # the routed experts' bytes: what the kernel must stream
