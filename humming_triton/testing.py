@@ -49,6 +49,22 @@ def unit_roundoff(dtype: torch.dtype) -> float:
     return _U[dtype]
 
 
+def model_drift_tolerance(scheme, gemms: int, act_dtype: torch.dtype = torch.bfloat16) -> float:
+    """Relative norm error allowed between a whole quantized model run in ``act_dtype`` and the same model on the
+    float32 reference: a few ``act_dtype`` ulps for weight-only schemes (0.05 over ~``gemms`` GEMMs), more where
+    activations are quantized.  There the two runs' activations differ by an ulp of ``act_dtype`` (u), so about a
+    u / s fraction of codes lands one code step s (relative) apart; each such flip moves its element by s, i.e.
+    sqrt(u / s) * s = sqrt(u * s) of the GEMM's output norm, adding up over ``gemms`` GEMMs as a random walk:
+    sqrt(gemms * u * s) (e4m3, s = 2^-3: 0.08 at 13 GEMMs in bf16).  A kernel bug is O(1) either way."""
+    base = 0.05
+    act = getattr(scheme, "act", None)
+    if act is None:
+        return base
+    elem = act.dtype
+    step = 1.0 / elem.qmax if isinstance(elem, IntType) else 2.0 ** -elem.man  # int: a step of the row's amax
+    return max(base, (gemms * unit_roundoff(act_dtype) * step) ** 0.5)
+
+
 def zero_offset(qw: QuantWeight) -> torch.Tensor:
     """``|zero * scale|`` per weight element (2**(bits-1) for signed integer codes without zero points, which
     a kernel may treat as offset binary), 0 where the format has no offset."""

@@ -16,7 +16,8 @@ import torch
 
 import humming_triton as ht
 from humming_triton.nn import QuantLinear, QuantMoE, matches_any
-from humming_triton.testing import unit_roundoff
+from humming_triton.formats.scheme import QuantScheme
+from humming_triton.testing import model_drift_tolerance, unit_roundoff
 
 transformers = pytest.importorskip("transformers")
 
@@ -299,6 +300,24 @@ def test_compile_drift_is_inductor_rounding(scheme, rng):
     torch.testing.assert_close(got, eager, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("kind,scheme", [("qwen3_moe", "w4a16"), ("qwen3_moe", "w8a8-fp8"), ("llama", "w8a8-fp8")])
+def test_model_drift_tolerance_covers_bf16_vs_fp32(kind, scheme, rng):
+    """The GPU model test's bound (``testing.model_drift_tolerance``) holds for the reference backend itself: the
+    same quantized model in bf16 vs float32, no kernel of ours.  With fp8 activations the drift is ~0.05 (code
+    flips; the old fixed 0.05 bound failed the Triton run at 0.054), with weight-only schemes far below."""
+    model = build(kind, rng)
+    ht.replace_linear(model, scheme, backend="reference")
+    ref = copy.deepcopy(model).float()
+    model = model.to(torch.bfloat16)
+    ids = torch.randint(0, COMMON["vocab_size"], (2, 8), generator=rng)
+    with torch.no_grad():
+        got = model(ids, use_cache=False).logits.float()
+        want = ref(ids, use_cache=False).logits
+    rel = float((got - want).norm() / want.norm())
+    tol = model_drift_tolerance(QuantScheme.parse(scheme), gemms=13)
+    assert 0 < rel < tol, f"{kind}/{scheme}: bf16 vs fp32 reference logits rel err {rel:.3g} (tolerance {tol:.3g})"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind,scheme", [("llama", "w4a16"), ("qwen3_moe", "w4a16"), ("qwen3_moe", "mxfp4"),
                                          ("gpt_oss", "mxfp4"), ("llama", "w8a8-fp8"), ("qwen3_moe", "w8a8-fp8")])
@@ -321,9 +340,11 @@ def test_triton_model_eager_graph_compile_on_gpu(kind, scheme, rng):
         if kind != "llama":
             assert ht.last_backend("fused_moe") == "triton"
         want = ref(ids, use_cache=False).logits
-    # bf16 activations through ~13 GEMMs: a few bf16 ulps (2^-8) in norm; a kernel bug is O(1)
+    # bf16 activations through ~13 GEMMs: a few bf16 ulps (2^-8) in norm, more where activations are quantized
+    # (session 33: qwen3_moe w8a8-fp8 drew 0.054 on an H100, code flips; testing.model_drift_tolerance)
     rel = float((eager - want).norm() / want.norm())
-    assert rel < 0.05, f"{kind}/{scheme}: triton bf16 vs reference fp32 logits rel err {rel:.3g}"
+    tol = model_drift_tolerance(QuantScheme.parse(scheme), gemms=13)
+    assert rel < tol, f"{kind}/{scheme}: triton bf16 vs reference fp32 logits rel err {rel:.3g} (tolerance {tol:.3g})"
 
     static = ids.clone()
     new_ids = torch.randint(0, COMMON["vocab_size"], ids.shape, generator=rng).cuda()
