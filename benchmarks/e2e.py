@@ -106,18 +106,23 @@ def _retime_interleaved(timers, device, reps: int) -> None:
         rec[key] = sorted(ts)[len(ts) // 2]
 
 
+# opt-in compiled paths timed beside the default compile (--compile-triton / --compile-native): key -> env switch
+OPT_IN_COMPILES = {"compile_triton": "HUMMING_TRITON_COMPILE_TRITON",  # the triton_op path: kernels/compiled.py
+                   "compile_native": "HUMMING_TRITON_NATIVE_OP"}  # the C++ host path: cutlass_ext/native_op.py
+
+
 @contextlib.contextmanager
-def _compile_triton():
-    """HUMMING_TRITON_COMPILE_TRITON=1 for the duration (the triton_op path: kernels/compiled.py)."""
-    before = os.environ.get("HUMMING_TRITON_COMPILE_TRITON")
-    os.environ["HUMMING_TRITON_COMPILE_TRITON"] = "1"
+def _env_on(name: str):
+    """``name=1`` for the duration."""
+    before = os.environ.get(name)
+    os.environ[name] = "1"
     try:
         yield
     finally:
         if before is None:
-            del os.environ["HUMMING_TRITON_COMPILE_TRITON"]
+            del os.environ[name]
         else:
-            os.environ["HUMMING_TRITON_COMPILE_TRITON"] = before
+            os.environ[name] = before
 
 
 def run(args) -> dict:
@@ -166,20 +171,22 @@ def run(args) -> dict:
                 rec["compile_rel_diff_vs_eager"] = float((out - logits).norm() / logits.norm())
             except Exception as e:  # noqa: BLE001
                 rec["compile_error"] = f"{type(e).__name__}: {e}"[:300]
-        if "error" not in rec and args.compile_triton and scheme and device.type == "cuda":
-            try:  # the opt-in triton_op path, on a copy (dynamo's cache is per module: the copy is traced anew)
+        for key, env in OPT_IN_COMPILES.items():
+            if "error" in rec or not getattr(args, key) or not scheme or device.type != "cuda":
+                continue
+            try:  # an opt-in path, on a copy (dynamo's cache is per module: the copy is traced anew)
                 twin = torch.compile(copy.deepcopy(model), fullgraph=True)
 
-                def call_twin(twin=twin):
-                    with _compile_triton():
+                def call_twin(twin=twin, env=env):
+                    with _env_on(env):
                         return twin(ids, use_cache=False)
                 with torch.no_grad():
-                    rec["compile_triton_s"] = _time(call_twin, device, args.reps)
-                    timers.append((rec, "compile_triton_s", call_twin))
+                    rec[key + "_s"] = _time(call_twin, device, args.reps)
+                    timers.append((rec, key + "_s", call_twin))
                     out = call_twin().logits.float()
-                rec["compile_triton_rel_diff_vs_eager"] = float((out - logits).norm() / logits.norm())
+                rec[key + "_rel_diff_vs_eager"] = float((out - logits).norm() / logits.norm())
             except Exception as e:  # noqa: BLE001
-                rec["compile_triton_error"] = f"{type(e).__name__}: {e}"[:300]
+                rec[key + "_error"] = f"{type(e).__name__}: {e}"[:300]
         records.append(rec)
         print(_row(rec, records[0]), flush=True)
         if args.generate and "error" not in rec:
@@ -367,13 +374,13 @@ def _dequantized_twin(qmodel, base):
 def _row(rec: dict, bf16: dict) -> str:
     if "error" in rec:
         return f"{rec['scheme']:>10}: failed: {rec['error']}"
-    fails = "".join(f"  [{k}: {rec[k]}]" for k in ("graph_error", "compile_error", "compile_triton_error")
-                    if k in rec)
+    fails = "".join(f"  [{k}: {rec[k]}]" for k in ("graph_error", "compile_error",
+                                                   *(o + "_error" for o in OPT_IN_COMPILES)) if k in rec)
     parts = [f"{rec['scheme']:>10}:"]
-    for key in ("eager_s", "graph_s", "compile_s", "compile_triton_s"):
+    for key in ("eager_s", "graph_s", "compile_s", *(o + "_s" for o in OPT_IN_COMPILES)):
         if key in rec:
             tps = rec["batch"] / rec[key]
-            ratio = bf16.get(key.replace("_triton", ""), rec[key]) / rec[key]
+            ratio = bf16.get("compile_s" if key.startswith("compile") else key, rec[key]) / rec[key]
             parts.append(f"{key[:-2]} {tps:8.1f} tok/s ({ratio:.2f}x bf16)")
     if "rel_err_vs_dequantized" in rec:
         parts.append(f"err {rec['rel_err_vs_dequantized']:.1e} [{rec.get('backend')}"
@@ -400,6 +407,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-triton", action="store_true",
                     help="GPU, with --compile: also time each quantized model compiled with the opt-in triton_op path "
                          "(HUMMING_TRITON_COMPILE_TRITON=1), interleaved with the default: a same-run A/B")
+    ap.add_argument("--compile-native", action="store_true",
+                    help="GPU, with --compile: also time each quantized model compiled with the opt-in C++ host path "
+                         "(HUMMING_TRITON_NATIVE_OP=1), interleaved with the default: a same-run A/B")
     ap.add_argument("--generate", action="store_true",
                     help="also time HF generate with a static KV cache, eager and compiled (reduce-overhead)")
     ap.add_argument("--prompt-len", type=int, default=32, help="--generate: prompt tokens")

@@ -7,12 +7,14 @@ M = 1 this prints the CPU µs per call (no sync inside the timed loop), all in o
 call plans (humming_triton/plans.py, the default) and without (every call the full path); the module's custom
 ops (``quant_linear`` with its autograd layer, ``quant_linear_nograd``); a ``backend="triton"`` module with Triton's
 compiled-kernel replay (the default) and through Triton's launcher (``HUMMING_TRITON_LAUNCH_REPLAY=0``); both
-modules under ``torch.compile(fullgraph=True)``; the GPU µs of one call (CUDA-graph replay); whether the compiled
+modules under ``torch.compile(fullgraph=True)``, the module compiled onto the C++ host path
+(``quant_linear_native``, opt-in: cutlass_ext/native_op.py) and that op's planned call; the GPU µs of one call (CUDA-graph replay); whether the compiled
 path rebuilt QuantWeights or recompiled; and profiles of the compiled and the eager call.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -21,6 +23,7 @@ import time
 import torch
 
 import humming_triton as ht
+from cutlass_ext import native_op
 from humming_triton import ops, plans
 
 
@@ -81,6 +84,11 @@ def main(argv=None) -> int:
             lambda: torch.ops.humming_triton.quant_linear(x, *args, mod.bias, mod.backend, None))
         rows["torch.ops quant_linear_nograd"] = _cpu_us(
             lambda: torch.ops.humming_triton.quant_linear_nograd(x, *args, mod.bias, mod.backend, None))
+        if native_op.unavailable() is None:  # the C++ host path (opt-in): its hit once the first call planned
+            torch.ops.humming_triton.quant_linear_native(x, *args, mod.bias, mod.backend, None)
+            rows["torch.ops quant_linear_native"] = _cpu_us(
+                lambda: torch.ops.humming_triton.quant_linear_native(x, *args, mod.bias, mod.backend, None))
+            print(f"native op: {native_op.plans_count()} C++ plan(s) (0: every call a miss, i.e. the Python body)")
         rows["QuantLinear triton eager (replay)"] = _cpu_us(lambda: tmod(x))
         os.environ["HUMMING_TRITON_LAUNCH_REPLAY"] = "0"  # Triton's launcher binds every argument per call
         _fresh(tmod)
@@ -100,6 +108,14 @@ def main(argv=None) -> int:
             rows["QuantLinear compiled"] = _cpu_us(lambda: compiled(x))
         finally:
             ops.QuantWeight.__init__ = orig_init
+        if native_op.unavailable() is None:
+            os.environ[native_op.ENV] = "1"
+            try:
+                compiled_native = torch.compile(copy.deepcopy(mod), fullgraph=True)
+                compiled_native(x)
+                rows["QuantLinear compiled (native op)"] = _cpu_us(lambda: compiled_native(x))
+            finally:
+                os.environ.pop(native_op.ENV)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             mod(x)

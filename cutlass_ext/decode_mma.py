@@ -104,6 +104,25 @@ class Packed:
                        out_scale=1.0 if self.out_scales is None else float(self.out_scales[e]), out_scales=None)
 
 
+@dataclass(frozen=True)
+class NativeLaunch:
+    """A planned launch for a host path outside Python (``cutlass_ext.native_op``): the prepared launch struct,
+    where x / y / stream / bias sit in it (byte offsets), the entry point that takes it (``int f(const void*)``, 0 on
+    success) and the one naming an error code (``const char* f(int)``, or 0), the output's shape and dtype, and the
+    tensors the struct points into (held with it)."""
+    call: bytes
+    offsets: tuple
+    launch: int
+    error_string: int
+    out_shape: tuple
+    out_dtype: torch.dtype
+    keep: tuple
+
+
+def _packed_tensors(p: Packed) -> tuple:
+    return tuple(t for t in (p.w, p.scales, p.zeros, p.fp4_scales, p.out_scales) if t is not None)
+
+
 def _fragment_map(bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For every code a thread holds -- [loads, lane, word, field] -- its row in the 16-row tile and its k in the
     64-wide chunk, and the bit position of its field in the word.
@@ -384,6 +403,10 @@ def runner(p: Packed, dtype: torch.dtype, device: torch.device, m: int, bias: to
             check(err, "the native decode kernel")
         return y
     run_planned.packed = p  # the template points into it: held as long as the runner is
+    run_planned.native = NativeLaunch(
+        bytes(template), (DecodeCall.x.offset, DecodeCall.y.offset, DecodeCall.stream.offset, DecodeCall.bias.offset),
+        ctypes.cast(launch, ctypes.c_void_p).value, ctypes.cast(library().ht_error_string, ctypes.c_void_p).value,
+        tuple(shape), out_dtype, _packed_tensors(p))
     return run_planned
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 
+from . import state_watch
 from .calls import Call, Candidate, KernelConfig
 
 __all__ = ["set_batch_invariant", "is_batch_invariant", "batch_invariant", "invariant_candidate", "invariant_reason"]
@@ -30,6 +31,7 @@ GROUPED = KernelConfig("grouped", 64, 64, 64, 1, 8, 4, 3)
 def set_batch_invariant(on: bool = True) -> None:
     """Turn batch-invariant mode on or off for the process."""
     _ON[0] = bool(on)
+    state_watch.changed()
 
 
 def is_batch_invariant() -> bool:
@@ -41,10 +43,12 @@ def batch_invariant(on: bool = True):
     """``with batch_invariant(): ...`` -- the mode for the block, restored after."""
     before = _ON[0]
     _ON[0] = bool(on)
+    state_watch.changed()
     try:
         yield
     finally:
         _ON[0] = before
+        state_watch.changed()
 
 
 def invariant_reason(call: Call, backend: str, static_input_scale: bool = False) -> str | None:

@@ -132,17 +132,26 @@ def facts_for_sm(sm: tuple[int, int]) -> DeviceFacts:
 # ---- device facts: lazy, cached, injectable --------------------------------------------------------------------
 
 _override: DeviceFacts | None = None
+# told of every change of _override (humming_triton.state_watch adds itself; this module imports nothing of ours)
+_observers: list = []
+
+
+def _changed() -> None:
+    for fn in _observers:
+        fn()
 
 
 def set_override(facts_or_sm: DeviceFacts | tuple[int, int]) -> None:
     """Make ``device_facts()`` return these facts for every device until ``clear_override()``."""
     global _override
     _override = facts_or_sm if isinstance(facts_or_sm, DeviceFacts) else facts_for_sm(facts_or_sm)
+    _changed()
 
 
 def clear_override() -> None:
     global _override
     _override = None
+    _changed()
 
 
 @contextlib.contextmanager
@@ -156,6 +165,7 @@ def pose_as(facts_or_sm: DeviceFacts | tuple[int, int]) -> Iterator[DeviceFacts]
         yield _override
     finally:
         _override = before
+        _changed()
 
 
 @functools.lru_cache(maxsize=None)

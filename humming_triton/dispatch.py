@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from . import backends, capability
+from . import backends, capability, state_watch
 from .batch_invariant import is_batch_invariant
 from .calls import Call, Candidate, interpreting, m_bucket
 from .formats.scheme import QuantScheme
@@ -71,6 +71,7 @@ def clear_caches() -> None:
     """Forget loaded tables and cached choices (after a tuning run, or in tests that swap the table)."""
     measured_table.cache_clear()
     _generation[0] += 1
+    state_watch.changed()
 
 
 def _format_class(s: QuantScheme) -> tuple:

@@ -18,7 +18,7 @@ def quant_linear(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = N
     A repeated call signature runs its plan (plans.py): the checks and the dispatch below ran on its first call."""
     planned = plans.usable(x)
     if planned:
-        key = ("quant_linear", backend, x.shape, x.dtype, x.device, out_dtype)
+        key = plans.linear_key(x, backend, out_dtype)
         run = plans.find(qw, key, bias)
         if run is not None:
             y = run(x, bias)

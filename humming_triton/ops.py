@@ -36,7 +36,7 @@ from .formats.scheme import PRESETS, ActQuant, QuantScheme
 from .formats.quantize import dequantize_weight
 from .formats.weight import QuantWeight
 
-__all__ = ["quant_linear_op", "quant_linear_nograd_op", "fused_moe_nograd_op", "grouped_linear_nograd_op", "grouped_linear_op", "fused_moe_op", "quantize_activation_op", "dequantize_op",
+__all__ = ["quant_linear_op", "quant_linear_nograd_op", "quant_linear_native_op", "fused_moe_nograd_op", "grouped_linear_nograd_op", "grouped_linear_op", "fused_moe_op", "quantize_activation_op", "dequantize_op",
            "weight_args", "quant_weight_from_args"]
 
 _Tensor = torch.Tensor
@@ -139,6 +139,30 @@ quant_linear_op = _define("quant_linear")(_quant_linear)
 quant_linear_nograd_op = _define("quant_linear_nograd")(_quant_linear)
 _fake("quant_linear")(_quant_linear_fake)
 _fake("quant_linear_nograd")(_quant_linear_fake)
+
+
+# ``quant_linear_native``: quant_linear_nograd again, whose CPU / CUDA kernels are C++ once cutlass_ext.native_op
+# has built them (opt-in): a planned native decode call runs with no Python; everything else reaches
+# ``_quant_linear_native_miss`` below, the Python body, which also hands its plan to the C++ table.
+def _quant_linear_native_miss(x: _Tensor, data: _Tensor, scales: _Tensor, zeros: _OptT, global_scale: _OptT,
+                              input_scale: _OptT, wbias: _OptT, k_perm: _OptT, scheme: str, shape: list[int],
+                              bias: _OptT, backend: str = "auto", out_dtype: Optional[torch.dtype] = None) -> _Tensor:
+    from . import plans
+    from .linear import quant_linear
+    qw = quant_weight_from_args(data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape)
+    y = quant_linear(x, qw, bias, backend, out_dtype)
+    run = plans.find(qw, plans.linear_key(x, backend, out_dtype), bias) if plans.usable(x) else None
+    if run is not None:
+        from cutlass_ext import native_op
+        native_op.offer(run, x, (data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape),
+                        bias, backend, out_dtype)
+    return y
+
+
+quant_linear_native_op = _define("quant_linear_native")(_quant_linear)
+_define("_quant_linear_native_miss")(_quant_linear_native_miss)
+_fake("quant_linear_native")(_quant_linear_fake)
+_fake("_quant_linear_native_miss")(_quant_linear_fake)
 
 
 @_define("dequantize")

@@ -20,7 +20,7 @@ from . import capability, dispatch
 from .batch_invariant import _ON as _INVARIANT
 from .formats.weight import QuantWeight
 
-__all__ = ["find", "offer", "usable"]
+__all__ = ["find", "offer", "usable", "linear_key"]
 
 ENABLED = True  # off: every call takes the full path (benchmarks.overhead times both in one run)
 _SLOT = "plans"
@@ -58,6 +58,11 @@ def usable(x: torch.Tensor) -> bool:
     """Whether a call on ``x`` may use or make a plan: a plain tensor (no fake / subclass tensor), not while
     torch.compile traces."""
     return ENABLED and type(x) is torch.Tensor and not torch.compiler.is_compiling()
+
+
+def linear_key(x: torch.Tensor, backend: str, out_dtype: torch.dtype | None) -> tuple:
+    """The plan key of ``quant_linear(x, qw, bias, backend, out_dtype)``."""
+    return ("quant_linear", backend, x.shape, x.dtype, x.device, out_dtype)
 
 
 def find(qw: QuantWeight, key: tuple, bias: torch.Tensor | None):

@@ -52,6 +52,9 @@
 #   new     GPU tests of this session's new paths (swap-AB family, torch-composed families, dispatch)
 #   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
 #   matrix  every GPU test of tests/ ($MATRIX_S, default 420 s)                            -> gpu_tests.txt
+#   nativeop the C++ host path of a planned decode call (cutlass_ext/native_op.py, opt-in): built against this
+#           machine's torch, its GPU test                                     -> native_op.txt, gpu_tests.txt
+#           (then e.g. E2E_COMPILE="--compile --compile-native" for e2e's same-run A/B)
 #   overhead host-side µs per call of each path (eager, op, compiled) + profiles  -> overhead.txt
 #   demo    python3 -m humming_triton.demo --backend triton                                -> demo.txt
 #   e2e     decode tokens/s vs bf16: dense Llama ($E2E_SCHEMES) and Qwen3-MoE (eager, CUDA graph, torch.compile);
@@ -251,6 +254,11 @@ for step in $STEPS; do
                -k "swapab or dispatch or torch_composed or split" ;;
     dense)   gpu_tests ${DENSE_S:-200} dense tests/test_dense_kernels.py -k every_format_family ;;
     matrix)  gpu_tests ${MATRIX_S:-420} matrix tests/ ;;  # the whole GPU suite (issue 15's GPU matrix)
+    nativeop)
+      stamp nativeop
+      limited ${NATIVEOP_BUILD_S:-150} python3 -c "from cutlass_ext import native_op; print('built:', native_op.unavailable() or 'yes')" \
+        > "$OUT/native_op.txt" 2>&1
+      gpu_tests ${NATIVEOP_S:-100} nativeop tests/test_native_op.py ;;
     overhead) stamp overhead; timeout -k 5 120 python3 -m benchmarks.overhead --out "$OUT/overhead.json" > "$OUT/overhead.txt" 2>&1 ;;
     demo)    stamp demo; timeout -k 5 80 python3 -m humming_triton.demo --backend triton > "$OUT/demo.txt" 2>&1 ;;
     e2e)

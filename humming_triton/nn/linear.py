@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cutlass_ext import native_op
+
 from ..dispatch import check_backend_name
 from ..formats.quantize import quantize_weight
 from ..formats.scheme import QuantScheme
@@ -68,6 +70,8 @@ class QuantLinear(QuantBuffersMixin, nn.Module):
             return torch.ops.humming_triton.quant_linear(x, *args, bias, self.backend, None)
         if x.is_cuda and compiled.enabled():  # opt-in: inductor launches the Triton kernel itself
             return torch.ops.humming_triton.quant_linear_triton(x, *args, bias, self.backend)
+        if native_op.enabled():  # opt-in: a planned native decode call with its host path in C++
+            return torch.ops.humming_triton.quant_linear_native(x, *args, bias, self.backend, None)
         # no gradient wanted (compiled inference): the op without the autograd layer (ops.py)
         return torch.ops.humming_triton.quant_linear_nograd(x, *args, bias, self.backend, None)
 

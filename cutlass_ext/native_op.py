@@ -1,0 +1,93 @@
+"""The C++ kernel of ``humming_triton::quant_linear_native`` (csrc_op/native_op.cpp): a planned decode call with no
+Python on its host path, for compiled graphs (issue 14).  Opt-in (``HUMMING_TRITON_NATIVE_OP=1``) until it is timed
+on the H200.
+
+The kernel is built against the running torch on first use (``torch.utils.cpp_extension``: a C++ compiler and
+ninja, ~15-20 s on 2 cores, cached per torch version); a build that fails leaves the op on its Python kernel,
+which is ``quant_linear_nograd``'s.  The op's Python side (``humming_triton.ops``) calls ``offer`` after each full
+call: a plan whose runner is the native decode kernel's is copied into the C++ table, which the next call with
+that signature and weight (same tensors, same version counters) runs from C++ -- output, struct copy, launch."""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import weakref
+from pathlib import Path
+
+import torch
+
+__all__ = ["ENV", "enabled", "unavailable", "offer", "reset", "plans_count"]
+
+ENV = "HUMMING_TRITON_NATIVE_OP"
+SOURCE = Path(__file__).resolve().parent / "csrc_op" / "native_op.cpp"
+_EPOCH = [0]  # the C++ table's epoch; plans offered under an older one are dropped there
+
+
+@functools.lru_cache(maxsize=None)
+def _load() -> str | None:
+    """Build (or find cached) and load the C++ kernel: None when loaded, else why not."""
+    try:
+        from torch.utils.cpp_extension import load
+        name = "ht_native_op_" + re.sub(r"\W", "_", torch.__version__)
+        load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2", "-std=c++17"], is_python_module=False,
+             verbose=False)
+    except Exception as e:  # no compiler / ninja, or a torch without the C++ headers
+        return f"the native op's C++ kernel did not build ({type(e).__name__}: {str(e)[:400]})"
+    from humming_triton import state_watch
+    state_watch.watch(reset)
+    return None
+
+
+def unavailable() -> str | None:
+    return _load()
+
+
+def _enabled() -> bool:
+    return os.environ.get(ENV, "0") == "1" and _load() is None
+
+
+# torch.compile evaluates this once, at trace time, as a constant (the first call may build the kernel)
+enabled = torch._dynamo.assume_constant_result(_enabled)
+
+
+def _loaded() -> bool:  # without building: a table exists only once the kernel was loaded
+    return _load.cache_info().currsize > 0 and _load() is None
+
+
+def reset() -> None:
+    """Void every C++ plan (dispatch's state changed: ``humming_triton.state_watch``)."""
+    if _loaded():
+        _EPOCH[0] = int(torch.ops.humming_triton._native_plans_reset())
+
+
+def plans_count() -> int:
+    return int(torch.ops.humming_triton._native_plans_count()) if _loaded() else 0
+
+
+def _sweep() -> None:
+    if _loaded():
+        torch.ops.humming_triton._native_plans_sweep()
+
+
+_SWEPT = weakref.WeakSet()  # weight tensors whose collection sweeps the table
+
+
+def offer(runner, x: torch.Tensor, args: tuple, bias: torch.Tensor | None, backend: str,
+          out_dtype: torch.dtype | None) -> bool:
+    """Copy ``runner`` (the Python plan of this call) into the C++ table if it carries a native launch
+    (``decode_mma.NativeLaunch``); ``args``: the op's weight arguments (``humming_triton.ops.weight_args``).
+    Returns whether it did.  The table holds the weight weakly and the launch's own tensors strongly: when the
+    weight is collected, its plans and those tensors go at once."""
+    native = getattr(runner, "native", None)
+    if native is None or _load() is not None:
+        return False
+    call = torch.frombuffer(bytearray(native.call), dtype=torch.uint8)
+    torch.ops.humming_triton._native_plan_add(x, *args, bias, backend, out_dtype, call, native.launch,
+                                              native.error_string, list(native.offsets), list(native.out_shape),
+                                              native.out_dtype, list(native.keep), _EPOCH[0])
+    data = args[0]
+    if data not in _SWEPT:
+        _SWEPT.add(data)
+        weakref.finalize(data, _sweep)
+    return True
