@@ -125,7 +125,8 @@ class PassGrid:
     MXFP4 / NVFP4 U = 1 356-368 bytes of spill stores -> 8, int8 U = 1 576 -> 12, w4a16 at 80 registers 40 -> 0,
     two token tiles U = 3 132-852 -> 0), and an expert of several passes runs them side by side.  Timed on an H100
     only (session 32, best config of each grid, same run: MXFP4 Qwen3 experts at 16 / 64 tokens 11-17 % faster,
-    w4a16 1-2 %); ``auto`` takes it only where a device's measured table names it (neither table does yet)."""
+    w4a16 1-2 %); ``auto`` takes it only where a device's measured table names it: the H100's since session 33 (24
+    of its 31 decode-sized MoE keys), not yet the H200's."""
     grid = "passes"
 
 
