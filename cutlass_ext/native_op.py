@@ -17,11 +17,10 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ENV", "enabled", "unavailable", "offer", "reset", "plans_count"]
+__all__ = ["ENV", "enabled", "unavailable", "epoch", "offer", "reset", "plans_count", "stats"]
 
 ENV = "HUMMING_TRITON_NATIVE_OP"
 SOURCE = Path(__file__).resolve().parent / "csrc_op" / "native_op.cpp"
-_EPOCH = [0]  # the C++ table's epoch; plans offered under an older one are dropped there
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,8 +29,7 @@ def _load() -> str | None:
     try:
         from torch.utils.cpp_extension import load
         name = "ht_native_op_" + re.sub(r"\W", "_", torch.__version__)
-        load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2", "-std=c++17"], is_python_module=False,
-             verbose=False)
+        load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2"], is_python_module=False, verbose=False)
     except Exception as e:  # no compiler / ninja, or a torch without the C++ headers
         return f"the native op's C++ kernel did not build ({type(e).__name__}: {str(e)[:400]})"
     from humming_triton import state_watch
@@ -58,11 +56,22 @@ def _loaded() -> bool:  # without building: a table exists only once the kernel 
 def reset() -> None:
     """Void every C++ plan (dispatch's state changed: ``humming_triton.state_watch``)."""
     if _loaded():
-        _EPOCH[0] = int(torch.ops.humming_triton._native_plans_reset())
+        torch.ops.humming_triton._native_plans_reset()
+
+
+def epoch() -> int:
+    """The C++ table's epoch now: read it before the Python path plans, pass it to ``offer`` (a reset in between
+    voids the plan)."""
+    return int(torch.ops.humming_triton._native_plans_epoch()) if _loaded() else -1
 
 
 def plans_count() -> int:
     return int(torch.ops.humming_triton._native_plans_count()) if _loaded() else 0
+
+
+def stats() -> tuple[int, int]:
+    """(hits, misses) of ``quant_linear_native`` in this process."""
+    return tuple(torch.ops.humming_triton._native_plans_stats()) if _loaded() else (0, 0)
 
 
 def _sweep() -> None:
@@ -70,24 +79,25 @@ def _sweep() -> None:
         torch.ops.humming_triton._native_plans_sweep()
 
 
-_SWEPT = weakref.WeakSet()  # weight tensors whose collection sweeps the table
+_SWEEP_MARK = "_humming_triton_native_sweep"  # on a weight tensor whose collection sweeps the table
 
 
 def offer(runner, x: torch.Tensor, args: tuple, bias: torch.Tensor | None, backend: str,
-          out_dtype: torch.dtype | None) -> bool:
+          out_dtype: torch.dtype | None, made_at: int) -> bool:
     """Copy ``runner`` (the Python plan of this call) into the C++ table if it carries a native launch
-    (``decode_mma.NativeLaunch``); ``args``: the op's weight arguments (``humming_triton.ops.weight_args``).
-    Returns whether it did.  The table holds the weight weakly and the launch's own tensors strongly: when the
-    weight is collected, its plans and those tensors go at once."""
+    (``decode_mma.NativeLaunch``); ``args``: the op's weight arguments (``humming_triton.ops.weight_args``);
+    ``made_at``: ``epoch()`` before the plan was made.  Returns whether it was offered (the table still refuses a
+    plan of an older epoch or of inference-tensor weights).  The table holds the weight weakly and the launch's own
+    tensors strongly: when the weight is collected, its plans and those tensors go at once."""
     native = getattr(runner, "native", None)
     if native is None or _load() is not None:
         return False
     call = torch.frombuffer(bytearray(native.call), dtype=torch.uint8)
     torch.ops.humming_triton._native_plan_add(x, *args, bias, backend, out_dtype, call, native.launch,
                                               native.error_string, list(native.offsets), list(native.out_shape),
-                                              native.out_dtype, list(native.keep), _EPOCH[0])
+                                              native.out_dtype, list(native.keep), made_at)
     data = args[0]
-    if data not in _SWEPT:
-        _SWEPT.add(data)
+    if not getattr(data, _SWEEP_MARK, False):  # an attribute, not a set: tensors compare element-wise
+        setattr(data, _SWEEP_MARK, True)
         weakref.finalize(data, _sweep)
     return True

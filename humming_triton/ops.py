@@ -147,15 +147,17 @@ _fake("quant_linear_nograd")(_quant_linear_fake)
 def _quant_linear_native_miss(x: _Tensor, data: _Tensor, scales: _Tensor, zeros: _OptT, global_scale: _OptT,
                               input_scale: _OptT, wbias: _OptT, k_perm: _OptT, scheme: str, shape: list[int],
                               bias: _OptT, backend: str = "auto", out_dtype: Optional[torch.dtype] = None) -> _Tensor:
+    from cutlass_ext import native_op
+
     from . import plans
     from .linear import quant_linear
+    made_at = native_op.epoch()  # before planning: a state change from here on voids what this call plans
     qw = quant_weight_from_args(data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape)
     y = quant_linear(x, qw, bias, backend, out_dtype)
     run = plans.find(qw, plans.linear_key(x, backend, out_dtype), bias) if plans.usable(x) else None
     if run is not None:
-        from cutlass_ext import native_op
         native_op.offer(run, x, (data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape),
-                        bias, backend, out_dtype)
+                        bias, backend, out_dtype, made_at)
     return y
 
 

@@ -18,6 +18,7 @@ import torch
 import humming_triton as ht
 import humming_triton.capability
 import humming_triton.dispatch
+import humming_triton.plans
 from cutlass_ext import native_op
 from cutlass_ext.decode_mma import NativeLaunch
 from humming_triton.nn import QuantLinear
@@ -65,13 +66,23 @@ class _HostLaunch:
         return ctypes.cast(self.fn, ctypes.c_void_p).value
 
 
-def _add_plan(x, qw, bias, host: _HostLaunch, tag: int = 7, backend: str = "auto", keep=()):
-    """What the Python path does after a full call whose plan is a native launch (here: the host stand-in)."""
+def _native(x, n: int, host: _HostLaunch, tag: int = 7, keep=()) -> NativeLaunch:
     m, k = x.shape
-    launch = NativeLaunch(bytes(_Call(tag=tag, m=m, n=qw.N, k=k)),
-                          (_Call.x.offset, _Call.y.offset, _Call.stream.offset, _Call.bias.offset), host.address, 0,
-                          (m, qw.N), torch.float32, tuple(keep))
-    assert native_op.offer(types.SimpleNamespace(native=launch), x, weight_args(qw), bias, backend, None)
+    return NativeLaunch(bytes(_Call(tag=tag, m=m, n=n, k=k)),
+                        (_Call.x.offset, _Call.y.offset, _Call.stream.offset, _Call.bias.offset), host.address, 0,
+                        (m, n), torch.float32, tuple(keep))
+
+
+def _add_plan(x, qw, bias, host: _HostLaunch, tag: int = 7, backend: str = "auto", keep=(), made_at=None, args=None):
+    """What the Python path does after a full call whose plan is a native launch (here: the host stand-in)."""
+    made_at = native_op.epoch() if made_at is None else made_at
+    assert native_op.offer(types.SimpleNamespace(native=_native(x, qw.N, host, tag, keep)), x,
+                           args or weight_args(qw), bias, backend, None, made_at)
+
+
+def _hits_misses_since(before):
+    now = native_op.stats()
+    return now[0] - before[0], now[1] - before[1]
 
 
 def _op(x, qw, bias=None, backend="auto"):
@@ -116,12 +127,14 @@ def test_a_hit_runs_the_planned_launch_with_this_calls_pointers(layer):
 
 
 @pytest.mark.parametrize("change", ["in_place_scales", "other_rows", "no_bias", "bias_dtype", "backend",
-                                    "non_contiguous", "new_weight_object", "reset"])
+                                    "non_contiguous", "misaligned", "x_dtype", "out_dtype", "new_weight_object",
+                                    "other_scales_object", "bias_shape", "reset"])
 def test_anything_the_plan_was_not_made_for_misses(layer, change):
     x, qw, host = layer
     bias = torch.randn(qw.N)
     _add_plan(x, qw, bias, host)
-    backend = "auto"
+    backend, out_dtype = "auto", None
+    before = native_op.stats()
     if change == "in_place_scales":
         qw.scales.mul_(2)  # version counter: the plan is stale; the Python path sees the edit
     elif change == "other_rows":
@@ -134,27 +147,90 @@ def test_anything_the_plan_was_not_made_for_misses(layer, change):
         backend = "reference"
     elif change == "non_contiguous":
         x = torch.randn(x.shape[1], x.shape[0]).T
+    elif change == "misaligned":  # contiguous, the planned shape, data 4 bytes past a 16-byte boundary
+        x = torch.randn(x.numel() + 1)[1:].view(x.shape)
+    elif change == "x_dtype":
+        x = x.bfloat16()
+    elif change == "out_dtype":
+        out_dtype = torch.float64
     elif change == "new_weight_object":
         qw = ht.QuantWeight(qw.data.clone(), qw.scales, qw.scheme, qw.shape)
+    elif change == "other_scales_object":  # the same data tensor (the table's key), another scales tensor
+        qw = ht.QuantWeight(qw.data, qw.scales.clone(), qw.scheme, qw.shape)
+    elif change == "bias_shape":
+        bias = bias.view(1, -1)
     elif change == "reset":
         native_op.reset()
-    got = _op(x, qw, bias, backend)
+    if change == "bias_shape":  # the Python path names the problem
+        with pytest.raises(ValueError, match="bias"):
+            torch.ops.humming_triton.quant_linear_native(x, *weight_args(qw), bias, backend, out_dtype)
+    else:
+        got = torch.ops.humming_triton.quant_linear_native(x, *weight_args(qw), bias, backend, out_dtype)
+        want = torch.ops.humming_triton.quant_linear_nograd(x, *weight_args(qw), bias, backend, out_dtype)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert host.calls == 0, change
-    want = torch.ops.humming_triton.quant_linear_nograd(x, *weight_args(qw), bias, backend, None)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert _hits_misses_since(before) == (0, 1), change
 
 
-def test_a_plan_offered_under_an_older_state_is_dropped(layer):
+def test_a_plan_made_under_an_older_state_is_dropped(layer):
     x, qw, host = layer
-    stale = native_op._EPOCH[0]
+    stale = native_op.epoch()
     ht.dispatch.clear_caches()  # state_watch: the C++ table is voided and its epoch moves on
-    assert native_op._EPOCH[0] == stale + 1
-    native_op._EPOCH[0] = stale  # as if offered by a call that ran before the change
-    try:
-        _add_plan(x, qw, None, host)
-    finally:
-        native_op._EPOCH[0] = stale + 1
+    assert native_op.epoch() == stale + 1
+    _add_plan(x, qw, None, host, made_at=stale)  # planned before the change, offered after it
     assert native_op.plans_count() == 0
+    _add_plan(x, qw, None, host)
+    assert native_op.plans_count() == 1
+
+
+def test_inference_tensor_weights_are_not_planned(layer):
+    """No version counter: an in-place edit in inference mode could not void the plan, so there is none."""
+    x, qw, host = layer
+    with torch.inference_mode():
+        frozen = ht.QuantWeight(qw.data.clone(), qw.scales.clone(), qw.scheme, qw.shape)
+    _add_plan(x, frozen, None, host)
+    assert native_op.plans_count() == 0
+
+
+class _PlannedRunner:
+    """A Python plan whose launch is native (as ``decode_mma.runner``'s): callable like a runner, with ``native``."""
+
+    def __init__(self, qw, host):
+        self.qw, self.host = qw, host
+
+    def __call__(self, x, bias):
+        return ht.quant_linear(x, self.qw, bias, backend="reference")
+
+    @property
+    def native(self):
+        return _native(self.x, self.qw.N, self.host)
+
+
+def test_the_python_path_hands_its_plans_to_the_table(layer, monkeypatch):
+    """The miss op (Python) offers what quant_linear planned; the next call of that signature is a C++ hit.  A
+    second signature of the same weight, an edit and a reset re-plan -- each offer after the first included."""
+    x, qw, host = layer
+    runner = _PlannedRunner(qw, host)
+    real_find = ht.plans.find
+
+    def find(q, key, bias):  # what a native backend would have planned for this call on "auto"
+        return runner if key[:2] == ("quant_linear", "auto") else real_find(q, key, bias)
+    monkeypatch.setattr(ht.plans, "find", find)
+    for rows in (3, 1, 3):
+        xs = torch.randn(rows, x.shape[1])
+        runner.x = xs
+        before, calls = native_op.stats(), host.calls
+        miss = _op(xs, qw)  # planned (for rows 3 the second time: after the edit below)
+        hit = _op(xs, qw)
+        assert _hits_misses_since(before) == (1, 1) and host.calls == calls + 1, rows
+        torch.testing.assert_close(hit, miss, rtol=1e-5, atol=1e-5)
+        qw.scales.mul_(2)
+        host.w = ht.dequantize_weight(qw).double().numpy()  # the stand-in kernel reads the weight as it is now
+    native_op.reset()
+    before = native_op.stats()
+    _op(xs, qw)
+    _op(xs, qw)
+    assert _hits_misses_since(before) == (1, 1)
 
 
 @pytest.mark.parametrize("change", ["clear_caches", "pose_as", "batch_invariant"])
@@ -180,7 +256,8 @@ def test_plans_of_dropped_weights_go_and_none_keeps_them_alive(layer):
     x, qw, host = layer
     doomed = ht.quantize_weight(torch.randn(8, 256), "w4a16")
     repacked = torch.zeros(1000)  # stands for the kernel's repacked weight: the plan holds it
-    _add_plan(x, doomed, None, _HostLaunch(ht.dequantize_weight(doomed).float()), keep=(repacked,))
+    doomed_host = _HostLaunch(ht.dequantize_weight(doomed).float())  # held: the plan points at its function
+    _add_plan(x, doomed, None, doomed_host, keep=(repacked,))
     _add_plan(x, qw, None, host)
     weight_ref, repacked_ref = weakref.ref(doomed.data), weakref.ref(repacked)
     del repacked
@@ -204,7 +281,7 @@ def test_bad_plan_structs_are_refused(layer):
     x, qw, host = layer
     bad = NativeLaunch(bytes(8), (0, 8, 0, 0), host.address, 0, (3, qw.N), torch.float32, ())
     with pytest.raises(RuntimeError, match="outside the 8-byte launch struct"):
-        native_op.offer(types.SimpleNamespace(native=bad), x, weight_args(qw), None, "auto", None)
+        native_op.offer(types.SimpleNamespace(native=bad), x, weight_args(qw), None, "auto", None, native_op.epoch())
 
 
 def test_quant_linear_compiles_to_the_native_op(layer, monkeypatch):
@@ -219,8 +296,14 @@ def test_quant_linear_compiles_to_the_native_op(layer, monkeypatch):
         seen = []
         compiled = torch.compile(mod, fullgraph=True, backend=lambda gm, _: seen.append(gm) or gm)
         got = compiled(x)
-    assert any("quant_linear_native" in str(n.target) for gm in seen for n in gm.graph.nodes)
-    torch.testing.assert_close(got, eager, rtol=0, atol=0)
+        assert any("quant_linear_native" in str(n.target) for gm in seen for n in gm.graph.nodes)
+        torch.testing.assert_close(got, eager, rtol=0, atol=0)
+        # a plan for the module's own buffers: the compiled graph's call is then a C++ hit
+        _add_plan(x, ht.QuantWeight(*mod._weight_args("weight", None)[:2], qw.scheme, qw.shape), mod.bias, host,
+                  args=mod._weight_args("weight", None))
+        hit = compiled(x)
+    assert host.calls == 1
+    torch.testing.assert_close(hit, eager, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.gpu
@@ -244,7 +327,9 @@ def test_native_op_on_gpu(scheme, rng):
     with torch.no_grad():
         first = _op(xg, qg, None, "cuda")
         assert native_op.plans_count() == 1, "the native decode plan was not handed to the C++ table"
+        before = native_op.stats()
         second = _op(xg, qg, None, "cuda")
+        assert _hits_misses_since(before) == (1, 0), "the second call was not a C++ hit"
         torch.testing.assert_close(second, first, rtol=0, atol=0)
         check(second, "C++ hit")
         qg.scales.copy_(qg.scales.roll(1, 0))  # an in-place edit (any scale dtype): the plan must not hit
@@ -255,8 +340,10 @@ def test_native_op_on_gpu(scheme, rng):
         _op(xg, qg, None, "cuda")  # planned again
         static = xg.clone()
         graph = torch.cuda.CUDAGraph()
+        before = native_op.stats()
         with torch.cuda.graph(graph):
             captured = _op(static, qg, None, "cuda")
+        assert _hits_misses_since(before) == (1, 0), "the captured call was not a C++ hit"
         x = torch.randn(4, 1024, generator=rng).bfloat16()
         static.copy_(x.cuda())
         graph.replay()

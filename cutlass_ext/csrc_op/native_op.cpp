@@ -20,6 +20,7 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -70,9 +71,14 @@ struct Plan {
   int64_t epoch;
 };
 
+// The table, by the weight's data tensor.  Plans are shared and const: a hit copies the pointer under the lock and
+// runs without it (the output's allocation and the launch may end up in Python, e.g. a collector freeing a weight
+// whose finalizer sweeps this table), and erased plans are destroyed after the lock is released for the same reason.
+using PlanPtr = std::shared_ptr<const Plan>;
 std::mutex g_mutex;
-std::unordered_multimap<const c10::TensorImpl*, Plan> g_plans;  // by the weight's data tensor
+std::unordered_multimap<const c10::TensorImpl*, PlanPtr> g_plans;
 std::atomic<int64_t> g_epoch{0};  // bumped when dispatch's state changes: every plan made before is void
+std::atomic<int64_t> g_hits{0}, g_misses{0};
 
 std::array<const OptT*, kWeightTensors> weight_refs(const OptT& data, const OptT& scales, const OptT& zeros,
                                                     const OptT& gs, const OptT& is, const OptT& wbias, const OptT& kp) {
@@ -91,7 +97,7 @@ bool plan_fits(const Plan& p, const Tensor& x, const std::array<const OptT*, kWe
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias != p.has_bias) return false;
   if (has_bias && (bias->scalar_type() != p.bias_dtype || bias->device() != x.device() || !bias->is_contiguous() ||
-                   bias->numel() != p.out_sizes.back()))
+                   bias->dim() != 1 || bias->size(0) != p.out_sizes.back()))
     return false;
   for (int i = 0; i < kWeightTensors; ++i)
     if (!p.weight[i].matches(*w[i])) return false;
@@ -139,16 +145,22 @@ Tensor quant_linear_native(const Tensor& x, const Tensor& data, const Tensor& sc
                            std::optional<at::ScalarType> out_dtype) {
   const OptT data_opt(data), scales_opt(scales);
   const auto w = weight_refs(data_opt, scales_opt, zeros, gs, is, wbias, kp);
+  PlanPtr plan;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     auto range = g_plans.equal_range(data.unsafeGetTensorImpl());
-    for (auto it = range.first; it != range.second; ++it) {
-      if (!plan_fits(it->second, x, w, scheme, shape, bias, backend, out_dtype)) continue;
-      Tensor y;
-      if (run_plan(it->second, x, bias, y)) return y;
-      break;
-    }
+    for (auto it = range.first; it != range.second; ++it)
+      if (plan_fits(*it->second, x, w, scheme, shape, bias, backend, out_dtype)) {
+        plan = it->second;
+        break;
+      }
   }
+  Tensor y;
+  if (plan && run_plan(*plan, x, bias, y)) {
+    ++g_hits;
+    return y;
+  }
+  ++g_misses;
   return miss(x, data, scales, zeros, gs, is, wbias, kp, scheme, shape, bias, backend, out_dtype);
 }
 
@@ -166,11 +178,14 @@ void plan_add(const Tensor& x, const Tensor& data, const Tensor& scales, const O
     TORCH_CHECK(o >= 0 && static_cast<size_t>(o) + sizeof(void*) <= static_cast<size_t>(call.numel()),
                 "plan_add: field offset ", o, " outside the ", call.numel(), "-byte launch struct");
   TORCH_CHECK(launch != 0, "plan_add: no launch function");
-  Plan p;
+  auto owned = std::make_shared<Plan>();
+  Plan& p = *owned;
   const OptT data_opt(data), scales_opt(scales);
   const auto w = weight_refs(data_opt, scales_opt, zeros, gs, is, wbias, kp);
   for (int i = 0; i < kWeightTensors; ++i) {
     const OptT& t = *w[i];
+    // an inference tensor has no version counter: an edit of it (in inference mode) could not void the plan
+    if (t.has_value() && t->defined() && t->is_inference()) return;
     if (t.has_value() && t->defined()) {
       p.weight[i].impl.emplace(t->getIntrusivePtr());
       p.weight[i].version = version_of(*t);
@@ -195,34 +210,58 @@ void plan_add(const Tensor& x, const Tensor& data, const Tensor& scales, const O
   p.error_string = reinterpret_cast<ErrorString>(error_string);
   p.keep = keep.vec();
   p.epoch = epoch;
+  std::vector<PlanPtr> dropped;  // destroyed after the lock is released (see PlanPtr)
   std::lock_guard<std::mutex> lock(g_mutex);
   if (epoch != g_epoch.load()) return;  // made under a state that has changed since
   // drop plans of dead weights or of this exact signature (one plan per signature), bound the table
   for (auto it = g_plans.begin(); it != g_plans.end();) {
-    const bool dead = !it->second.weight[0].alive();
-    const bool same = it->first == data.unsafeGetTensorImpl() && it->second.x_sizes == p.x_sizes &&
-                      it->second.x_dtype == p.x_dtype && it->second.device_index == p.device_index &&
-                      it->second.out_dtype == p.out_dtype && it->second.has_bias == p.has_bias &&
-                      it->second.backend == p.backend;
-    it = (dead || same) ? g_plans.erase(it) : std::next(it);
+    const Plan& o = *it->second;
+    const bool dead = !o.weight[0].alive();
+    const bool same = it->first == data.unsafeGetTensorImpl() && o.x_sizes == p.x_sizes && o.x_dtype == p.x_dtype &&
+                      o.device_type == p.device_type && o.device_index == p.device_index &&
+                      o.out_dtype == p.out_dtype && o.has_bias == p.has_bias && o.backend == p.backend;
+    if (dead || same) {
+      dropped.push_back(std::move(it->second));
+      it = g_plans.erase(it);
+    } else {
+      ++it;
+    }
   }
-  if (g_plans.size() >= kMaxPlans) g_plans.clear();
-  g_plans.emplace(data.unsafeGetTensorImpl(), std::move(p));
+  if (g_plans.size() >= kMaxPlans) {
+    for (auto& kv : g_plans) dropped.push_back(std::move(kv.second));
+    g_plans.clear();
+  }
+  g_plans.emplace(data.unsafeGetTensorImpl(), std::move(owned));
 }
 
 // Every plan made so far is void (dispatch's table, a posed device or batch-invariant mode changed); returns the
 // new epoch, which plans made from now on carry.
 int64_t plans_reset() {
+  std::vector<PlanPtr> dropped;
   std::lock_guard<std::mutex> lock(g_mutex);
+  for (auto& kv : g_plans) dropped.push_back(std::move(kv.second));
   g_plans.clear();
   return ++g_epoch;
 }
 
+// The epoch a plan made from now on must carry (read before the Python path plans: a reset in between voids it).
+int64_t plans_epoch() { return g_epoch.load(); }
+
+// Hits and misses of quant_linear_native since the process started.
+std::vector<int64_t> plans_stats() { return {g_hits.load(), g_misses.load()}; }
+
 // Drops the plans of collected weights (and the tensors they held); returns how many are left.
 int64_t plans_sweep() {
+  std::vector<PlanPtr> dropped;
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (auto it = g_plans.begin(); it != g_plans.end();)
-    it = it->second.weight[0].alive() ? std::next(it) : g_plans.erase(it);
+  for (auto it = g_plans.begin(); it != g_plans.end();) {
+    if (it->second->weight[0].alive()) {
+      ++it;
+    } else {
+      dropped.push_back(std::move(it->second));
+      it = g_plans.erase(it);
+    }
+  }
   return static_cast<int64_t>(g_plans.size());
 }
 
@@ -242,10 +281,14 @@ TORCH_LIBRARY_FRAGMENT(humming_triton, m) {
   m.def("_native_plans_reset() -> int");
   m.def("_native_plans_count() -> int");
   m.def("_native_plans_sweep() -> int");
+  m.def("_native_plans_epoch() -> int");
+  m.def("_native_plans_stats() -> int[]");
   m.impl("_native_plan_add", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(plan_add));
   m.impl("_native_plans_reset", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(plans_reset));
   m.impl("_native_plans_count", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(plans_count));
   m.impl("_native_plans_sweep", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(plans_sweep));
+  m.impl("_native_plans_epoch", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(plans_epoch));
+  m.impl("_native_plans_stats", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(plans_stats));
 }
 
 TORCH_LIBRARY_IMPL(humming_triton, CUDA, m) { m.impl("quant_linear_native", TORCH_FN(quant_linear_native)); }
