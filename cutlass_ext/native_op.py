@@ -74,12 +74,23 @@ def stats() -> tuple[int, int]:
     return tuple(torch.ops.humming_triton._native_plans_stats()) if _loaded() else (0, 0)
 
 
-def _sweep() -> None:
-    if _loaded():
-        torch.ops.humming_triton._native_plans_sweep()
+_WATCHED: dict[int, weakref.ref] = {}  # id -> weak reference of each weight tensor whose plans go with it
 
 
-_SWEEP_MARK = "_humming_triton_native_sweep"  # on a weight tensor whose collection sweeps the table
+def _watch(data: torch.Tensor) -> None:
+    """Drop ``data``'s plans (and the tensors they hold) when it is collected.  Once per tensor object, keyed by
+    identity: a deepcopy or a loaded copy is another object, so no copyable mark is used."""
+    key = id(data)
+    held = _WATCHED.get(key)
+    if held is not None and held() is data:
+        return
+
+    def gone(ref, key=key, impl=data._cdata):  # runs while the TensorImpl is still alive: drop by its address
+        if _WATCHED.get(key) is ref:
+            del _WATCHED[key]
+        if _loaded():
+            torch.ops.humming_triton._native_plans_drop(impl)
+    _WATCHED[key] = weakref.ref(data, gone)
 
 
 def offer(runner, x: torch.Tensor, args: tuple, bias: torch.Tensor | None, backend: str,
@@ -96,8 +107,5 @@ def offer(runner, x: torch.Tensor, args: tuple, bias: torch.Tensor | None, backe
     torch.ops.humming_triton._native_plan_add(x, *args, bias, backend, out_dtype, call, native.launch,
                                               native.error_string, list(native.offsets), list(native.out_shape),
                                               native.out_dtype, list(native.keep), made_at)
-    data = args[0]
-    if not getattr(data, _SWEEP_MARK, False):  # an attribute, not a set: tensors compare element-wise
-        setattr(data, _SWEEP_MARK, True)
-        weakref.finalize(data, _sweep)
+    _watch(args[0])
     return True

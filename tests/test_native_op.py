@@ -5,6 +5,7 @@ callback that reads the launch struct the op patched and writes the output), so 
 all checked here; the GPU test runs the real native decode kernel."""
 from __future__ import annotations
 
+import copy
 import ctypes
 import gc
 import shutil
@@ -267,6 +268,14 @@ def test_plans_of_dropped_weights_go_and_none_keeps_them_alive(layer):
     assert weight_ref() is None  # the C++ table held the weight weakly
     assert native_op.plans_count() == 1  # its plan went when it did ...
     assert repacked_ref() is None  # ... and with it what the plan held
+    # a deep copy of a planned weight (another module's buffers) is watched as well
+    twin = copy.deepcopy(qw)
+    twin_keep = torch.zeros(1000)
+    _add_plan(x, twin, None, host, keep=(twin_keep,))
+    twin_ref, keep_ref = weakref.ref(twin.data), weakref.ref(twin_keep)
+    del twin, twin_keep
+    gc.collect()
+    assert twin_ref() is None and keep_ref() is None and native_op.plans_count() == 1
 
 
 def test_a_failed_launch_raises_with_its_error(layer):

@@ -219,7 +219,8 @@ void plan_add(const Tensor& x, const Tensor& data, const Tensor& scales, const O
     const bool dead = !o.weight[0].alive();
     const bool same = it->first == data.unsafeGetTensorImpl() && o.x_sizes == p.x_sizes && o.x_dtype == p.x_dtype &&
                       o.device_type == p.device_type && o.device_index == p.device_index &&
-                      o.out_dtype == p.out_dtype && o.has_bias == p.has_bias && o.backend == p.backend;
+                      o.out_dtype == p.out_dtype && o.has_bias == p.has_bias && o.bias_dtype == p.bias_dtype &&
+                      o.backend == p.backend;
     if (dead || same) {
       dropped.push_back(std::move(it->second));
       it = g_plans.erase(it);
@@ -244,26 +245,24 @@ int64_t plans_reset() {
   return ++g_epoch;
 }
 
+// Drops the plans of one weight (its data tensor's TensorImpl address, ``Tensor._cdata``): Python calls it as that
+// tensor is collected -- from a weak reference's callback, which runs before the TensorImpl is released, so a
+// sweep for expired weights would still find it alive.  The plans' weak references keep the address from being
+// reused until they are gone.
+int64_t plans_drop(int64_t impl) {
+  std::vector<PlanPtr> dropped;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto range = g_plans.equal_range(reinterpret_cast<const c10::TensorImpl*>(impl));
+  for (auto it = range.first; it != range.second; ++it) dropped.push_back(std::move(it->second));
+  g_plans.erase(range.first, range.second);
+  return static_cast<int64_t>(dropped.size());
+}
+
 // The epoch a plan made from now on must carry (read before the Python path plans: a reset in between voids it).
 int64_t plans_epoch() { return g_epoch.load(); }
 
 // Hits and misses of quant_linear_native since the process started.
 std::vector<int64_t> plans_stats() { return {g_hits.load(), g_misses.load()}; }
-
-// Drops the plans of collected weights (and the tensors they held); returns how many are left.
-int64_t plans_sweep() {
-  std::vector<PlanPtr> dropped;
-  std::lock_guard<std::mutex> lock(g_mutex);
-  for (auto it = g_plans.begin(); it != g_plans.end();) {
-    if (it->second->weight[0].alive()) {
-      ++it;
-    } else {
-      dropped.push_back(std::move(it->second));
-      it = g_plans.erase(it);
-    }
-  }
-  return static_cast<int64_t>(g_plans.size());
-}
 
 int64_t plans_count() {
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -280,14 +279,14 @@ TORCH_LIBRARY_FRAGMENT(humming_triton, m) {
       "ScalarType y_dtype, Tensor[] keep, int epoch) -> ()");
   m.def("_native_plans_reset() -> int");
   m.def("_native_plans_count() -> int");
-  m.def("_native_plans_sweep() -> int");
   m.def("_native_plans_epoch() -> int");
+  m.def("_native_plans_drop(int impl) -> int");
   m.def("_native_plans_stats() -> int[]");
   m.impl("_native_plan_add", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(plan_add));
   m.impl("_native_plans_reset", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(plans_reset));
   m.impl("_native_plans_count", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(plans_count));
-  m.impl("_native_plans_sweep", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(plans_sweep));
   m.impl("_native_plans_epoch", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(plans_epoch));
+  m.impl("_native_plans_drop", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(plans_drop));
   m.impl("_native_plans_stats", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(plans_stats));
 }
 
