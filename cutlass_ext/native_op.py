@@ -10,6 +10,7 @@ that signature and weight (same tensors, same version counters) runs from C++ --
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 import weakref
@@ -28,7 +29,9 @@ def _load() -> str | None:
     """Build (or find cached) and load the C++ kernel: None when loaded, else why not."""
     try:
         from torch.utils.cpp_extension import load
-        name = "ht_native_op_" + re.sub(r"\W", "_", torch.__version__)
+        # per torch version and source text: two checkouts (or versions) never share, or fight over, a build
+        digest = hashlib.sha1(SOURCE.read_bytes()).hexdigest()[:10]
+        name = f"ht_native_op_{re.sub(r'[^0-9A-Za-z]', '_', torch.__version__)}_{digest}"
         load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2"], is_python_module=False, verbose=False)
     except Exception as e:  # no compiler / ninja, or a torch without the C++ headers
         return f"the native op's C++ kernel did not build ({type(e).__name__}: {str(e)[:400]})"
