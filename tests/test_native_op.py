@@ -15,6 +15,7 @@ import weakref
 import numpy as np
 import pytest
 import torch
+from torch.utils.cpp_extension import is_ninja_available
 
 import humming_triton as ht
 import humming_triton.capability
@@ -26,11 +27,13 @@ from humming_triton.nn import QuantLinear
 from humming_triton.ops import weight_args
 from humming_triton.testing import assert_linear_close
 
-pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the op's kernel")
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None or not is_ninja_available(),
+                                reason="no C++ compiler or no ninja to build the op's kernel (torch.utils.cpp_extension)")
 
 
 def test_the_kernel_builds():
-    """A machine with a C++ compiler (CI's has one) must build it: a build error is a failure, not a skip."""
+    """A machine with a C++ compiler and ninja (CI's has both) must build it: a build error is a failure, not a
+    skip."""
     assert native_op.unavailable() is None, native_op.unavailable()
 
 
