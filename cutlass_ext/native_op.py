@@ -3,10 +3,11 @@ Python on its host path, for compiled graphs (issue 14).  Opt-in (``HUMMING_TRIT
 on the H200.
 
 The kernel is built against the running torch on first use (``torch.utils.cpp_extension``: a C++ compiler and
-ninja, ~15-20 s on 2 cores, cached per torch version); a build that fails leaves the op on its Python kernel,
-which is ``quant_linear_nograd``'s.  The op's Python side (``humming_triton.ops``) calls ``offer`` after each full
-call: a plan whose runner is the native decode kernel's is copied into the C++ table, which the next call with
-that signature and weight (same tensors, same version counters) runs from C++ -- output, struct copy, launch."""
+ninja, ~20 s on 2 cores, cached per torch version and source); a build that fails leaves the op on its Python
+kernel, which is ``quant_linear_nograd``'s.  On a miss the C++ kernel calls the op's Python side
+(``humming_triton.ops._quant_linear_native_miss``), which runs the full path and calls ``offer``: a plan whose
+runner is the native decode kernel's is copied into the C++ table, which the next call with that signature and
+weight (same tensors, same version counters) runs from C++ -- output, struct copy, launch."""
 from __future__ import annotations
 
 import functools
