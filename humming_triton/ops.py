@@ -155,7 +155,7 @@ def _quant_linear_native_miss(x: _Tensor, data: _Tensor, scales: _Tensor, zeros:
     qw = quant_weight_from_args(data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape)
     y = quant_linear(x, qw, bias, backend, out_dtype)
     run = plans.find(qw, plans.linear_key(x, backend, out_dtype), bias) if plans.usable(x) else None
-    if run is not None:
+    if run is not None:  # the arguments as passed, not weight_args(qw): the C++ table matches the caller's scheme text
         native_op.offer(run, x, (data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape),
                         bias, backend, out_dtype, made_at)
     return y
