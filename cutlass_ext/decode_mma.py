@@ -17,7 +17,7 @@ import torch
 
 from .native import DecodeCall, check, current_stream, library
 
-__all__ = ["Packed", "weight_reason", "repack", "repack_experts", "run", "runner", "run_grouped", "emulate", "CHUNK", "MAX_M"]
+__all__ = ["Packed", "weight_reason", "repack", "repack_experts", "run", "runner", "grouped_runner", "run_grouped", "emulate", "CHUNK", "MAX_M"]
 
 CHUNK = 64      # K per 16-byte load of int4 codes (one 64-wide chunk: four k16 mma steps)
 MAX_M = 16      # two n-tiles of 8 tokens
@@ -107,7 +107,8 @@ class Packed:
 @dataclass(frozen=True)
 class NativeLaunch:
     """A planned launch for a host path outside Python (``cutlass_ext.native_op``): the prepared launch struct,
-    where x / y / stream / bias sit in it (byte offsets), the entry point that takes it (``int f(const void*)``, 0 on
+    where x / y / stream / bias / the expert offsets sit in it (byte offsets; -1: no offsets, a dense launch), the
+    entry point that takes it (``int f(const void*)``, 0 on
     success) and the one naming an error code (``const char* f(int)``, or 0), the output's shape and dtype, and the
     tensors the struct points into (held with it)."""
     call: bytes
@@ -372,6 +373,27 @@ def run(x2: torch.Tensor, p: Packed, bias: torch.Tensor | None, out: torch.Tenso
     return _launch(x2, p, bias, out, kw, tw, unroll, m, out_scale, row_scales=row_scales, act_scales=act_scales)
 
 
+def _raw_stream(device: torch.device):
+    """() -> the device's current stream handle, the cheapest way this torch has."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return (lambda: raw_stream(index)) if raw_stream is not None else (lambda: current_stream(device))  # noqa: E731
+
+
+def _native_launch(template: DecodeCall, shape: tuple, out_dtype: torch.dtype, keep: tuple,
+                   grouped: bool) -> NativeLaunch:
+    offsets = DecodeCall.offsets.offset if grouped else -1
+    return NativeLaunch(
+        bytes(template),
+        (DecodeCall.x.offset, DecodeCall.y.offset, DecodeCall.stream.offset, DecodeCall.bias.offset, offsets),
+        ctypes.cast(library().ht_decode_mma, ctypes.c_void_p).value,
+        ctypes.cast(library().ht_error_string, ctypes.c_void_p).value, tuple(shape), out_dtype, keep)
+
+
+def _lean_bias_ok(bias: torch.Tensor | None) -> bool:
+    return bias is None or (bias.dtype in _OUT_DTYPES and bias.is_contiguous())
+
+
 def runner(p: Packed, dtype: torch.dtype, device: torch.device, m: int, bias: torch.Tensor | None,
            out_dtype: torch.dtype, shape: tuple, kw: int, tw: int, unroll: int):
     """``run`` bound to one call signature, for a call plan (``humming_triton.plans``): ``(x, bias) -> y`` for a
@@ -379,15 +401,14 @@ def runner(p: Packed, dtype: torch.dtype, device: torch.device, m: int, bias: to
     per call only the output of ``shape``, the pointers and the launch.  The runner returns None for an ``x`` whose
     data is not 16-byte aligned (the full path copies it).  None: no lean form for this signature."""
     if p.experts or not 1 <= m <= MAX_M or out_dtype not in _OUT_DTYPES or 32 * kw * tw > MAX_THREADS or \
-            dtype not in _DTYPES or (bias is not None and bias.dtype not in _OUT_DTYPES) or p.k % 8:
+            dtype not in _DTYPES or not _lean_bias_ok(bias) or p.k % 8:
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     template = DecodeCall.from_buffer_copy(_call_template(
         p, index, dtype, None if bias is None else bias.dtype, out_dtype, kw, tw, unroll, m, 1.0, False))
     template.ldx, template.ldy = p.k, p.n
-    launch, copy, by_ref = library().ht_decode_mma, DecodeCall.from_buffer_copy, ctypes.byref
-    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    stream = (lambda: raw_stream(index)) if raw_stream is not None else (lambda: current_stream(device))  # noqa: E731
+    launch, copy, by_ref, stream = library().ht_decode_mma, DecodeCall.from_buffer_copy, ctypes.byref, \
+        _raw_stream(device)
 
     def run_planned(x: torch.Tensor, bias: torch.Tensor | None):
         ptr = x.data_ptr()
@@ -403,10 +424,52 @@ def runner(p: Packed, dtype: torch.dtype, device: torch.device, m: int, bias: to
             check(err, "the native decode kernel")
         return y
     run_planned.packed = p  # the template points into it: held as long as the runner is
-    run_planned.native = NativeLaunch(
-        bytes(template), (DecodeCall.x.offset, DecodeCall.y.offset, DecodeCall.stream.offset, DecodeCall.bias.offset),
-        ctypes.cast(launch, ctypes.c_void_p).value, ctypes.cast(library().ht_error_string, ctypes.c_void_p).value,
-        tuple(shape), out_dtype, _packed_tensors(p))
+    run_planned.native = _native_launch(template, shape, out_dtype, _packed_tensors(p), grouped=False)
+    return run_planned
+
+
+def grouped_runner(p: Packed, dtype: torch.dtype, device: torch.device, rows: int, offsets_dtype: torch.dtype,
+                   bias: torch.Tensor | None, fixed_bias: torch.Tensor | None, out_dtype: torch.dtype, kw: int,
+                   tw: int, unroll: int, rows_per_pass: int, grid: str):
+    """``run_grouped`` bound to one call signature, for a call plan: ``(x, offsets, bias) -> y [rows, N]`` for a
+    contiguous, 16-byte aligned ``x`` of ``rows`` routed rows, ``offsets`` of ``offsets_dtype`` and a bias like
+    ``bias`` ([E, N], same dtype, or None as it is None; None runs ``fixed_bias``, the weight's own bias, whose
+    pointer the plan holds).  Per call only the output, the pointers and the launch; returns None for an ``x`` or
+    ``offsets`` it was not made for.  None: no lean form for this signature."""
+    if not p.experts or rows < 1 or out_dtype not in _OUT_DTYPES or 32 * kw * tw > MAX_THREADS or \
+            dtype not in _DTYPES or offsets_dtype not in (torch.int32, torch.int64) or p.k % 8 or \
+            rows_per_pass not in (8, 16, 32) or grid not in GRIDS or (bias is not None and fixed_bias is not None) \
+            or not _lean_bias_ok(bias) or not _lean_bias_ok(fixed_bias):
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    given = bias if bias is not None else fixed_bias
+    template = DecodeCall.from_buffer_copy(_call_template(
+        p, index, dtype, None if given is None else given.dtype, out_dtype, kw, tw, unroll, rows_per_pass, 1.0,
+        offsets_dtype == torch.int64))
+    template.ldx, template.ldy, template.routed_rows, template.grid = p.k, p.n, rows, GRIDS[grid]
+    keep = _packed_tensors(p)
+    if fixed_bias is not None:
+        template.bias, keep = fixed_bias.data_ptr(), keep + (fixed_bias,)
+    launch, copy, by_ref, stream = library().ht_decode_mma, DecodeCall.from_buffer_copy, ctypes.byref, \
+        _raw_stream(device)
+    shape, experts = (rows, p.n), p.experts + 1
+
+    def run_planned(x: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None):
+        ptr = x.data_ptr()
+        if ptr % 16 or not x.is_contiguous() or offsets.dtype != offsets_dtype or offsets.numel() != experts or \
+                not offsets.is_contiguous():
+            return None
+        y = torch.empty(shape, dtype=out_dtype, device=device)
+        call = copy(template)
+        call.x, call.y, call.offsets, call.stream = ptr, y.data_ptr(), offsets.data_ptr(), stream()
+        if bias is not None:
+            call.bias = bias.data_ptr()
+        err = launch(by_ref(call))
+        if err:
+            check(err, "the native grouped decode kernel")
+        return y
+    run_planned.packed = p
+    run_planned.native = _native_launch(template, shape, out_dtype, keep, grouped=True)
     return run_planned
 
 

@@ -1,13 +1,13 @@
-"""The C++ kernel of ``humming_triton::quant_linear_native`` (csrc_op/native_op.cpp): a planned decode call with no
-Python on its host path, for compiled graphs (issue 14).  Opt-in (``HUMMING_TRITON_NATIVE_OP=1``) until it is timed
-on the H200.
+"""The C++ kernels of ``humming_triton::quant_linear_native`` and ``grouped_linear_native``
+(csrc_op/native_op.cpp): a planned decode call with no Python on its host path, for compiled graphs (issue 14).
+Opt-in (``HUMMING_TRITON_NATIVE_OP=1``) until it is timed on the H200.
 
-The kernel is built against the running torch on first use (``torch.utils.cpp_extension``: a C++ compiler and
-ninja, ~20 s on 2 cores, cached per torch version and source); a build that fails leaves the op on its Python
-kernel, which is ``quant_linear_nograd``'s.  On a miss the C++ kernel calls the op's Python side
-(``humming_triton.ops._quant_linear_native_miss``), which runs the full path and calls ``offer``: a plan whose
-runner is the native decode kernel's is copied into the C++ table, which the next call with that signature and
-weight (same tensors, same version counters) runs from C++ -- output, struct copy, launch."""
+The kernels are built against the running torch on first use (``torch.utils.cpp_extension``: a C++ compiler and
+ninja, ~20 s on 2 cores, cached per torch version and source); a build that fails leaves the ops on their Python
+kernels, which are the ``_nograd`` twins'.  On a miss the C++ kernel calls the op's Python side
+(``humming_triton.ops._quant_linear_native_miss`` / ``_grouped_linear_native_miss``), which runs the full path and
+calls ``offer``: a plan whose runner is a native decode kernel's is copied into the C++ table, which the next call
+with that signature and weight (same tensors, same version counters) runs from C++ -- output, struct copy, launch."""
 from __future__ import annotations
 
 import functools
@@ -74,7 +74,7 @@ def plans_count() -> int:
 
 
 def stats() -> tuple[int, int]:
-    """(hits, misses) of ``quant_linear_native`` in this process."""
+    """(hits, misses) of ``quant_linear_native`` and ``grouped_linear_native`` in this process."""
     return tuple(torch.ops.humming_triton._native_plans_stats()) if _loaded() else (0, 0)
 
 
@@ -98,17 +98,18 @@ def _watch(data: torch.Tensor) -> None:
 
 
 def offer(runner, x: torch.Tensor, args: tuple, bias: torch.Tensor | None, backend: str,
-          out_dtype: torch.dtype | None, made_at: int) -> bool:
+          out_dtype: torch.dtype | None, made_at: int, offsets: torch.Tensor | None = None) -> bool:
     """Copy ``runner`` (the Python plan of this call) into the C++ table if it carries a native launch
     (``decode_mma.NativeLaunch``); ``args``: the op's weight arguments (``humming_triton.ops.weight_args``);
-    ``made_at``: ``epoch()`` before the plan was made.  Returns whether it was offered (the table still refuses a
+    ``made_at``: ``epoch()`` before the plan was made; ``offsets``: a grouped_linear call's row offsets (its plan
+    then serves ``grouped_linear_native``, and the launch must name where the offsets go).  Returns whether it was offered (the table still refuses a
     plan of an older epoch or of inference-tensor weights).  The table holds the weight weakly and the launch's own
     tensors strongly: when the weight is collected, its plans and those tensors go at once."""
     native = getattr(runner, "native", None)
-    if native is None or _load() is not None:
+    if native is None or _load() is not None or (offsets is not None) != (native.offsets[4] >= 0):
         return False
     call = torch.frombuffer(bytearray(native.call), dtype=torch.uint8)
-    torch.ops.humming_triton._native_plan_add(x, *args, bias, backend, out_dtype, call, native.launch,
+    torch.ops.humming_triton._native_plan_add(x, *args, offsets, bias, backend, out_dtype, call, native.launch,
                                               native.error_string, list(native.offsets), list(native.out_shape),
                                               native.out_dtype, list(native.keep), made_at)
     _watch(args[0])

@@ -41,12 +41,16 @@ def grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tensor, bias
 
     ``backend="auto"``: the measured fastest of the Triton grouped kernel and dequantize + torch._grouped_mm on
     CUDA, the torch reference elsewhere."""
+    if isinstance(offsets, torch.Tensor) and not offsets.is_contiguous():  # kernels read offsets[e] at base + e
+        offsets = offsets.contiguous()
     planned = plans.usable(x)
     if planned:  # a repeated signature: checks and dispatch ran on its first call (plans.py)
-        key = ("grouped_linear", backend, x.shape, x.dtype, x.device, out_dtype, offsets.shape, offsets.dtype)
+        key = plans.grouped_key(x, offsets, backend, out_dtype)
         run = plans.find(qw, key, bias)
         if run is not None:
-            return run(x, offsets, bias)
+            y = run(x, offsets, bias)
+            if y is not None:
+                return y
     choice = select("grouped_linear", x, qw, backend)
     b, cand = choice
     if b.name != "reference":
@@ -55,8 +59,7 @@ def grouped_linear(x: torch.Tensor, qw: QuantWeight, offsets: torch.Tensor, bias
             raise ValueError(f"grouped linear takes x [T, K] and offsets [E+1={qw.num_experts + 1}], got "
                              f"{list(x.shape)} and {list(offsets.shape)}")
         if planned:
-            plans.offer(qw, key, bias, choice,
-                        lambda: lambda x, offsets, bias: b.grouped_linear(x, qw, offsets, bias, out_dtype, cand))
+            plans.offer(qw, key, bias, choice, lambda: b.plan_grouped(x, qw, offsets, bias, out_dtype, cand))
     return b.grouped_linear(x, qw, offsets, bias, out_dtype, cand)
 
 

@@ -36,7 +36,8 @@ from .formats.scheme import PRESETS, ActQuant, QuantScheme
 from .formats.quantize import dequantize_weight
 from .formats.weight import QuantWeight
 
-__all__ = ["quant_linear_op", "quant_linear_nograd_op", "quant_linear_native_op", "fused_moe_nograd_op", "grouped_linear_nograd_op", "grouped_linear_op", "fused_moe_op", "quantize_activation_op", "dequantize_op",
+__all__ = ["quant_linear_op", "quant_linear_nograd_op", "quant_linear_native_op", "fused_moe_nograd_op", "grouped_linear_nograd_op",
+           "grouped_linear_native_op", "grouped_linear_op", "fused_moe_op", "quantize_activation_op", "dequantize_op",
            "weight_args", "quant_weight_from_args"]
 
 _Tensor = torch.Tensor
@@ -270,6 +271,33 @@ grouped_linear_op = _define("grouped_linear")(_grouped_linear)
 grouped_linear_nograd_op = _define("grouped_linear_nograd")(_grouped_linear)
 _fake("grouped_linear")(_grouped_linear_fake)
 _fake("grouped_linear_nograd")(_grouped_linear_fake)
+
+
+# ``grouped_linear_native``: grouped_linear_nograd again, with C++ CPU / CUDA kernels once cutlass_ext.native_op has
+# built them (opt-in), as quant_linear_native: a planned grouped decode call runs with no Python (a compiled MoE
+# module's two expert GEMMs); everything else reaches ``_grouped_linear_native_miss``.
+def _grouped_linear_native_miss(x: _Tensor, data: _Tensor, scales: _Tensor, zeros: _OptT, global_scale: _OptT,
+                                input_scale: _OptT, wbias: _OptT, k_perm: _OptT, scheme: str, shape: list[int],
+                                offsets: _Tensor, bias: _OptT, backend: str = "auto",
+                                out_dtype: Optional[torch.dtype] = None) -> _Tensor:
+    from cutlass_ext import native_op
+
+    from . import plans
+    from .linear import grouped_linear
+    made_at = native_op.epoch()  # before planning, as in _quant_linear_native_miss
+    qw = quant_weight_from_args(data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape)
+    y = grouped_linear(x, qw, offsets, bias, backend, out_dtype)
+    run = plans.find(qw, plans.grouped_key(x, offsets, backend, out_dtype), bias) if plans.usable(x) else None
+    if run is not None:
+        native_op.offer(run, x, (data, scales, zeros, global_scale, input_scale, wbias, k_perm, scheme, shape),
+                        bias, backend, out_dtype, made_at, offsets=offsets)
+    return y
+
+
+grouped_linear_native_op = _define("grouped_linear_native")(_grouped_linear)
+_define("_grouped_linear_native_miss")(_grouped_linear_native_miss)
+_fake("grouped_linear_native")(_grouped_linear_fake)
+_fake("_grouped_linear_native_miss")(_grouped_linear_fake)
 
 
 # --- fused_moe -------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from . import capability, dispatch
 from .batch_invariant import _ON as _INVARIANT
 from .formats.weight import QuantWeight
 
-__all__ = ["find", "offer", "usable", "linear_key"]
+__all__ = ["find", "offer", "usable", "linear_key", "grouped_key"]
 
 ENABLED = True  # off: every call takes the full path (benchmarks.overhead times both in one run)
 _SLOT = "plans"
@@ -63,6 +63,11 @@ def usable(x: torch.Tensor) -> bool:
 def linear_key(x: torch.Tensor, backend: str, out_dtype: torch.dtype | None) -> tuple:
     """The plan key of ``quant_linear(x, qw, bias, backend, out_dtype)``."""
     return ("quant_linear", backend, x.shape, x.dtype, x.device, out_dtype)
+
+
+def grouped_key(x: torch.Tensor, offsets: torch.Tensor, backend: str, out_dtype: torch.dtype | None) -> tuple:
+    """The plan key of ``grouped_linear(x, qw, offsets, bias, backend, out_dtype)``."""
+    return ("grouped_linear", backend, x.shape, x.dtype, x.device, out_dtype, offsets.shape, offsets.dtype)
 
 
 def find(qw: QuantWeight, key: tuple, bias: torch.Tensor | None):

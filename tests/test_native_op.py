@@ -73,7 +73,7 @@ class _HostLaunch:
 def _native(x, n: int, host: _HostLaunch, tag: int = 7, keep=()) -> NativeLaunch:
     m, k = x.shape
     return NativeLaunch(bytes(_Call(tag=tag, m=m, n=n, k=k)),
-                        (_Call.x.offset, _Call.y.offset, _Call.stream.offset, _Call.bias.offset), host.address, 0,
+                        (_Call.x.offset, _Call.y.offset, _Call.stream.offset, _Call.bias.offset, -1), host.address, 0,
                         (m, n), torch.float32, tuple(keep))
 
 
@@ -291,7 +291,7 @@ def test_a_failed_launch_raises_with_its_error(layer):
 
 def test_bad_plan_structs_are_refused(layer):
     x, qw, host = layer
-    bad = NativeLaunch(bytes(8), (0, 8, 0, 0), host.address, 0, (3, qw.N), torch.float32, ())
+    bad = NativeLaunch(bytes(8), (0, 8, 0, 0, -1), host.address, 0, (3, qw.N), torch.float32, ())
     with pytest.raises(RuntimeError, match="outside the 8-byte launch struct"):
         native_op.offer(types.SimpleNamespace(native=bad), x, weight_args(qw), None, "auto", None, native_op.epoch())
 
@@ -316,6 +316,185 @@ def test_quant_linear_compiles_to_the_native_op(layer, monkeypatch):
         hit = compiled(x)
     assert host.calls == 1
     torch.testing.assert_close(hit, eager, rtol=1e-4, atol=1e-4)
+
+
+# --- grouped_linear_native ------------------------------------------------------------------------------------
+class _GroupedCall(ctypes.Structure):  # the grouped stand-in's struct: x / y / stream / bias / offsets patched
+    _fields_ = [("tag", ctypes.c_int), ("rows", ctypes.c_int), ("n", ctypes.c_int), ("k", ctypes.c_int),
+                ("experts", ctypes.c_int), ("i64", ctypes.c_int), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p),
+                ("stream", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("offsets", ctypes.c_void_p)]
+
+
+class _GroupedHostLaunch(_HostLaunch):
+    """y[r] = x[r] @ w[e].T (+ bias[e]) for offsets[e] <= r < offsets[e + 1], from the struct's pointers."""
+
+    def _run(self, ptr):
+        c = _GroupedCall.from_address(ptr)
+        self.calls += 1
+        self.seen = (c.tag, c.x, c.y, c.stream, c.bias, c.offsets)
+        if self.error:
+            return self.error
+        f32 = ctypes.POINTER(ctypes.c_float)
+        x = np.ctypeslib.as_array(ctypes.cast(c.x, f32), shape=(c.rows, c.k)).astype(np.float64)
+        y = np.ctypeslib.as_array(ctypes.cast(c.y, f32), shape=(c.rows, c.n))
+        index = ctypes.POINTER(ctypes.c_int64 if c.i64 else ctypes.c_int32)
+        o = np.ctypeslib.as_array(ctypes.cast(c.offsets, index), shape=(c.experts + 1,))
+        b = np.ctypeslib.as_array(ctypes.cast(c.bias, f32), shape=(c.experts, c.n)) if c.bias else None
+        for e in range(c.experts):
+            y[o[e]:o[e + 1]] = x[o[e]:o[e + 1]] @ self.w[e].T + (0 if b is None else b[e])
+        return 0
+
+
+def _grouped_native(x, offsets, qw, host, fixed_bias=None, keep=()) -> NativeLaunch:
+    call = _GroupedCall(tag=9, rows=x.shape[0], n=qw.N, k=qw.K, experts=qw.num_experts,
+                        i64=int(offsets.dtype == torch.int64),
+                        bias=None if fixed_bias is None else fixed_bias.data_ptr())
+    return NativeLaunch(bytes(call), (_GroupedCall.x.offset, _GroupedCall.y.offset, _GroupedCall.stream.offset,
+                                      _GroupedCall.bias.offset, _GroupedCall.offsets.offset),
+                        host.address, 0, (x.shape[0], qw.N), torch.float32, tuple(keep))
+
+
+def _grouped_op(x, qw, offsets, bias=None, backend="auto", out_dtype=None):
+    return torch.ops.humming_triton.grouped_linear_native(x, *weight_args(qw), offsets, bias, backend, out_dtype)
+
+
+def _offsets(rng, rows: int, experts: int, dtype=torch.int64) -> torch.Tensor:
+    cuts = torch.randint(0, rows + 1, (experts - 1,), generator=rng).sort().values
+    return torch.cat([torch.zeros(1, dtype=torch.int64), cuts, torch.tensor([rows])]).to(dtype)
+
+
+@pytest.fixture
+def experts(rng):
+    assert native_op.unavailable() is None, native_op.unavailable()
+    native_op.reset()
+    qw = ht.quantize_weight(torch.randn(4, 24, 128, generator=rng), "w4a16")
+    x = torch.randn(6, 128, generator=rng)
+    host = _GroupedHostLaunch(ht.dequantize_weight(qw).float())
+    yield x, qw, host
+    native_op.reset()
+
+
+def _add_grouped_plan(x, offsets, qw, bias, host, backend="auto", made_at=None):
+    made_at = native_op.epoch() if made_at is None else made_at
+    assert native_op.offer(types.SimpleNamespace(native=_grouped_native(x, offsets, qw, host)), x, weight_args(qw),
+                           bias, backend, None, made_at, offsets=offsets)
+
+
+def test_a_grouped_hit_runs_the_planned_launch_with_this_calls_offsets(experts, rng):
+    """The row offsets are data (device memory the kernel reads): a hit patches this call's pointer, so other
+    routings of the same shape run the same plan, each right."""
+    x, qw, host = experts
+    bias = torch.randn(qw.num_experts, qw.N, generator=rng)
+    _add_grouped_plan(x, _offsets(rng, x.shape[0], 4), qw, bias, host)
+    for _ in range(3):
+        offsets = _offsets(rng, x.shape[0], 4)
+        before = native_op.stats()
+        y = _grouped_op(x, qw, offsets, bias)
+        assert _hits_misses_since(before) == (1, 0)
+        assert host.seen == (9, x.data_ptr(), y.data_ptr(), None, bias.data_ptr(), offsets.data_ptr())
+        w, o = ht.dequantize_weight(qw).double(), offsets.tolist()
+        want = torch.cat([x[o[e]:o[e + 1]].double() @ w[e].T + bias[e].double() for e in range(4)])
+        torch.testing.assert_close(y.double(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("change", ["offsets_dtype", "offsets_strided", "other_rows", "bias_shape", "no_bias",
+                                    "in_place_scales", "backend", "reset"])
+def test_anything_the_grouped_plan_was_not_made_for_misses(experts, rng, change):
+    x, qw, host = experts
+    bias = torch.randn(qw.num_experts, qw.N, generator=rng)
+    offsets = _offsets(rng, x.shape[0], 4)
+    _add_grouped_plan(x, offsets, qw, bias, host)
+    backend = "auto"
+    if change == "offsets_dtype":
+        offsets = offsets.int()
+    elif change == "offsets_strided":  # the planned dtype and count, every other element of a longer tensor
+        offsets = torch.stack([offsets, offsets], 1).reshape(-1)[::2]
+    elif change == "other_rows":
+        x = torch.randn(x.shape[0] + 1, x.shape[1], generator=rng)
+        offsets = offsets.clone()
+        offsets[-1] += 1
+    elif change == "bias_shape":  # the planned dtype and element count, another shape
+        bias = bias.reshape(-1)
+    elif change == "no_bias":
+        bias = None
+    elif change == "in_place_scales":
+        qw.scales.mul_(2)
+    elif change == "backend":
+        backend = "reference"
+    elif change == "reset":
+        native_op.reset()
+    before = native_op.stats()
+    if change == "bias_shape":  # the Python path names the problem
+        with pytest.raises(ValueError, match="bias"):
+            _grouped_op(x, qw, offsets, bias, backend)
+    else:
+        got = _grouped_op(x, qw, offsets, bias, backend)
+        want = torch.ops.humming_triton.grouped_linear_nograd(x, *weight_args(qw), offsets, bias, backend, None)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert host.calls == 0, change
+    assert _hits_misses_since(before) == (0, 1), change
+
+
+def test_dense_and_grouped_plans_never_serve_each_other(experts, rng):
+    """One table, keyed by the weight's data tensor: a plan made for one op misses the other, and a launch
+    without an offsets field is not offered for a grouped call (nor one with it for a dense call)."""
+    x, qw, host = experts
+    offsets = _offsets(rng, x.shape[0], 4)
+    dense = types.SimpleNamespace(native=_native(x, qw.N, host))
+    assert not native_op.offer(dense, x, weight_args(qw), None, "auto", None, native_op.epoch(), offsets=offsets)
+    grouped = types.SimpleNamespace(native=_grouped_native(x, offsets, qw, host))
+    assert not native_op.offer(grouped, x, weight_args(qw), None, "auto", None, native_op.epoch())
+    assert native_op.plans_count() == 0
+    native_op.offer(dense, x, weight_args(qw), None, "auto", None, native_op.epoch())  # as a dense plan
+    before = native_op.stats()
+    _grouped_op(x, qw, offsets)
+    assert _hits_misses_since(before) == (0, 1) and host.calls == 0
+
+
+def test_the_grouped_python_path_hands_its_plans_to_the_table(experts, rng, monkeypatch):
+    x, qw, host = experts
+    offsets = _offsets(rng, x.shape[0], 4)
+    class Runner:  # a Python plan whose launch is native (as decode_mma.grouped_runner's)
+        native = _grouped_native(x, offsets, qw, host)
+
+        def __call__(self, x, offsets, bias):
+            return ht.grouped_linear(x, qw, offsets, bias, backend="reference")
+    runner = Runner()
+    real_find = ht.plans.find
+
+    def find(q, key, bias):  # what the native grouped family would have planned on "auto"
+        return runner if key[:2] == ("grouped_linear", "auto") else real_find(q, key, bias)
+    monkeypatch.setattr(ht.plans, "find", find)
+    before = native_op.stats()
+    miss = _grouped_op(x, qw, offsets)
+    assert native_op.plans_count() == 1
+    hit = _grouped_op(x, qw, offsets)
+    assert _hits_misses_since(before) == (1, 1) and host.calls == 1
+    torch.testing.assert_close(hit, miss, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_moe_module_calls_the_grouped_native_op(rng, monkeypatch):
+    """With the opt-in set, a compiled QuantMoE on ``auto`` calls grouped_linear_native for both expert GEMMs
+    (fullgraph), with eager's result."""
+    from humming_triton.nn import QuantMoE
+    assert native_op.unavailable() is None, native_op.unavailable()
+    monkeypatch.setenv(native_op.ENV, "1")
+    e, h, i, t, k = 4, 128, 128, 5, 2
+    mod = QuantMoE(ht.quantize_weight(torch.randn(e, 2 * i, h, generator=rng), "w4a16"),
+                   ht.quantize_weight(torch.randn(e, h, i, generator=rng), "w4a16"), backend="auto")
+    hidden = torch.randn(t, h, generator=rng)
+    wts, ids = torch.topk(torch.softmax(torch.randn(t, e, generator=rng), -1), k)
+    seen = []
+
+    def capture(gm, example_inputs):
+        seen.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm
+    with torch.no_grad():
+        torch._dynamo.reset()
+        got = torch.compile(mod, backend=capture, fullgraph=True)(hidden, ids, wts)
+        want = mod(hidden, ids, wts)
+    assert {n for n in seen[-1] if n.startswith("humming_triton.")} == {"humming_triton.grouped_linear_native"}
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.gpu
@@ -360,4 +539,64 @@ def test_native_op_on_gpu(scheme, rng):
         static.copy_(x.cuda())
         graph.replay()
         check(captured, "CUDA-graph replay")
+    native_op.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["w4a16", "mxfp4"])
+@pytest.mark.parametrize("rows", [6, 24])
+def test_grouped_native_op_on_gpu(scheme, rows, rng):
+    """The grouped decode kernel from the C++ table: the second call of a signature is a C++ hit whatever the
+    routing (the offsets are read on the device), equal to the Python path and to the reference; an edit of the
+    scales is seen; a captured CUDA graph replays new routings."""
+    from cutlass_ext import native
+    if native.unavailable():
+        pytest.fail(native.unavailable())
+    native_op.reset()
+    e = 8
+    qw = ht.quantize_weight(torch.randn(e, 256, 512, generator=rng), scheme)
+    qg = qw.to("cuda")
+
+    def inputs():
+        return torch.randn(rows, 512, generator=rng).bfloat16(), _offsets(rng, rows, e)
+
+    def check(y, x, offsets, what):  # each expert's rows against its own weight's tolerance
+        ref = ht.reference_grouped_linear(x.float(), qw, offsets, out_dtype=torch.float32).double()
+        w_hat, o, y = ht.dequantize_weight(qw), offsets.tolist(), y.cpu()
+        for i in range(e):
+            assert_linear_close(y[o[i]:o[i + 1]], ref[o[i]:o[i + 1]], x[o[i]:o[i + 1]].float(), w_hat[i],
+                                torch.bfloat16, f"{scheme} rows={rows} expert {i} {what}")
+
+    def op(x, offsets):
+        return torch.ops.humming_triton.grouped_linear_native(x.cuda(), *weight_args(qg), offsets.cuda(), None,
+                                                              "cuda", torch.float32)
+    with torch.no_grad():
+        x, offsets = inputs()
+        first = op(x, offsets)
+        assert native_op.plans_count() == 1, "the grouped decode plan was not handed to the C++ table"
+        before = native_op.stats()
+        second = op(x, offsets)
+        assert _hits_misses_since(before) == (1, 0), "the second call was not a C++ hit"
+        torch.testing.assert_close(second, first, rtol=0, atol=0)
+        check(second, x, offsets, "C++ hit")
+        x, offsets = inputs()  # another routing, same signature
+        before = native_op.stats()
+        check(op(x, offsets), x, offsets, "another routing")
+        assert _hits_misses_since(before) == (1, 0)
+        qg.scales.copy_(qg.scales.roll(1, 1))
+        qw.scales.copy_(qw.scales.roll(1, 1))
+        check(op(x, offsets), x, offsets, "after an in-place edit")
+        op(x, offsets)  # planned again
+        static_x, static_o = x.cuda(), offsets.cuda()
+        graph = torch.cuda.CUDAGraph()
+        before = native_op.stats()
+        with torch.cuda.graph(graph):
+            captured = torch.ops.humming_triton.grouped_linear_native(static_x, *weight_args(qg), static_o, None,
+                                                                      "cuda", torch.float32)
+        assert _hits_misses_since(before) == (1, 0), "the captured call was not a C++ hit"
+        x, offsets = inputs()
+        static_x.copy_(x.cuda())
+        static_o.copy_(offsets.cuda())
+        graph.replay()
+        check(captured, x, offsets, "CUDA-graph replay")
     native_op.reset()

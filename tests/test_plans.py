@@ -164,6 +164,84 @@ def test_quantized_activation_decode_has_no_lean_runner(rng):
     assert families.get("mma_decode_act").runner(x2, qw, bias, torch.float32, cfg, (2, 64)) is None
 
 
+class _RecordingLibrary:
+    """Stands in for the native library on the CPU: records each launch struct's bytes, launches nothing."""
+
+    def __init__(self):
+        import ctypes
+        self.calls = []
+        self.ht_decode_mma = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(self._record)
+        self.ht_error_string = ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.c_int)(lambda e: b"?")
+
+    def _record(self, ptr):
+        from cutlass_ext.native import DecodeCall
+        self.calls.append(bytes(DecodeCall.from_address(ptr)))
+        return 0
+
+
+@pytest.mark.parametrize("family,rows,bias", [("mma_decode_grouped", 24, "none"), ("mma_decode_grouped", 24, "call"),
+                                              ("mma_decode_grouped_rows", 3, "weight"),
+                                              ("mma_decode_grouped_passes", 24, "weight")])
+def test_grouped_decode_plan_launches_what_the_full_path_does(family, rows, bias, rng, monkeypatch):
+    """The grouped decode kernel's lean plan (decode_mma.grouped_runner) hands the kernel the very launch struct
+    the full path (run_grouped) builds for the same call -- byte for byte, with this call's x / y / offsets /
+    bias -- and so does the copy it leaves for the C++ table (NativeLaunch, patched as native_op.cpp patches it).
+    On the CPU with a recording stand-in for the library."""
+    import ctypes
+    from cutlass_ext import decode_mma as dm
+    from cutlass_ext.native import DecodeCall
+    from humming_triton.calls import KernelConfig
+    from humming_triton.kernels import families
+    lib = _RecordingLibrary()
+    monkeypatch.setattr(dm, "library", lambda: lib)
+    monkeypatch.setattr(dm, "current_stream", lambda dev: 1234)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 1234, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    e = 4
+    wbias = torch.randn(e, 64, generator=rng) if bias == "weight" else None
+    qw = ht.quantize_weight(torch.randn(e, 64, 256, generator=rng), "w4a16")
+    if wbias is not None:
+        qw = ht.QuantWeight(qw.data, qw.scales, qw.scheme, qw.shape, bias=wbias)
+    call_bias = torch.randn(e, 64, generator=rng) if bias == "call" else None
+    fam = families.get(family)
+    cfg = KernelConfig(family, 8 if rows < e else 16, 32, 64, 2, 8, 4, 2)
+    x = torch.randn(rows, 256, generator=rng).bfloat16()
+    offsets = torch.tensor([0, rows // 3, rows // 3, rows - 1, rows])
+    lean = fam.grouped_runner(x, offsets, qw, call_bias, torch.float32, cfg)
+    assert lean is not None
+    fam.run(x, offsets, qw, call_bias, torch.float32, cfg, None)
+    y = lean(x, offsets, call_bias)
+    full, planned = lib.calls
+    got, want = DecodeCall.from_buffer_copy(planned), DecodeCall.from_buffer_copy(full)
+    assert got.y == y.data_ptr() and got.offsets == offsets.data_ptr() and got.stream == 1234
+    want.y = got.y  # the two calls' outputs are two tensors; everything else must be equal
+    assert bytes(got) == bytes(want)
+    native = lean.native  # the C++ table's copy, patched as native_op.cpp's run_plan patches it
+    table = bytearray(native.call)
+    for field, value in zip(native.offsets, (x.data_ptr(), y.data_ptr(), 1234, None, offsets.data_ptr())):
+        if value is not None:
+            table[field:field + 8] = ctypes.c_uint64(value).value.to_bytes(8, "little")
+    if call_bias is not None:
+        table[native.offsets[3]:native.offsets[3] + 8] = call_bias.data_ptr().to_bytes(8, "little")
+    assert bytes(table) == bytes(got)
+    assert native.out_shape == (rows, 64) and native.out_dtype == torch.float32
+    assert wbias is None or any(t is wbias for t in native.keep)  # the struct points at it: held with the plan
+    # a runner refuses the calls it was not made for (the full path takes them)
+    assert lean(x, offsets.int(), call_bias) is None
+    assert lean(torch.randn(rows, 512, generator=rng).bfloat16()[:, :256], offsets, call_bias) is None
+
+
+def test_quantized_activation_grouped_decode_has_no_lean_runner(rng):
+    """As the dense act family: the weight-only grouped runner would skip the activations' quantization."""
+    from humming_triton.calls import KernelConfig
+    from humming_triton.kernels import families
+    qw = ht.quantize_weight(torch.randn(4, 64, 256, generator=rng), "w4a8-mxfp4")
+    x, offsets = torch.randn(8, 256, generator=rng), torch.tensor([0, 2, 2, 5, 8])
+    for name in ("mma_decode_grouped_act", "mma_decode_grouped_act_passes"):
+        cfg = KernelConfig(name, 8, 32, 64, 2, 8, 4, 1)
+        assert families.get(name).grouped_runner(x, offsets, qw, None, torch.float32, cfg) is None
+
+
 # --- GPU: the native decode kernel's lean runner -------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("scheme,dtype", [("w4a16", torch.bfloat16), ("w4a16", torch.float16),
@@ -234,6 +312,21 @@ def test_grouped_linear_plans_skip_dispatch_only(rng):
     assert not torch.equal(got, first)
     with pytest.raises(ValueError, match="offsets"):  # another offsets shape is another signature: checked
         ht.grouped_linear(x2, qw, torch.tensor([0, 7]), backend="triton")
+
+
+def test_grouped_linear_reads_strided_offsets_by_their_stride(rng):
+    """Offsets that are a strided view (every other element of a longer tensor): the kernels read offsets[e] at
+    base + e, so grouped_linear makes them contiguous first -- on the full path and on a planned repeat (found in
+    session 34: the Triton path read the view's neighbours, 1e19-sized garbage)."""
+    qw = ht.quantize_weight(torch.randn(3, 64, 128, generator=rng) / 8, "w4a16")
+    x = torch.randn(7, 128, generator=rng)
+    offsets = torch.tensor([0, 2, 2, 7])
+    strided = torch.stack([offsets, offsets.flip(0)], 1).reshape(-1)[::2]
+    assert not strided.is_contiguous() and torch.equal(strided, offsets)
+    ref = ht.grouped_linear(x, qw, offsets, backend="reference")
+    for _ in range(2):  # the full path, then the plan it left
+        got = ht.grouped_linear(x, qw, strided, backend="triton")
+        torch.testing.assert_close(got, ref, rtol=2e-3, atol=2e-3)
 
 
 # --- the opt-in triton_op path under torch.compile (kernels/compiled.py) ------------------------------------------

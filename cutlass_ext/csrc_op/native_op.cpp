@@ -1,4 +1,5 @@
-// humming_triton::quant_linear_native: the planned quantized linear with its per-call host path in C++ (issue 14).
+// humming_triton::quant_linear_native / grouped_linear_native: the planned quantized linear (and MoE experts'
+// grouped linear) with its per-call host path in C++ (issue 14).
 //
 // Why: under torch.compile a quantized linear is an opaque custom op, and each call paid the dispatcher's boxing of
 // 13 arguments into Python plus our Python body (plan lookup, output, ctypes launch) -- the compiled decode step
@@ -8,8 +9,9 @@
 // layout, the bias matches), allocates the output and launches the native decode kernel with a patched copy of the
 // prepared HtDecodeCall.  Anything else -- first call, an edited weight, another layout -- calls the Python op
 // humming_triton::_quant_linear_native_miss (the full path, which leaves a plan for next time): same answer,
-// Python's cost.  The launch struct is opaque here: Python passes its bytes, where x / y / stream / bias sit in it,
-// and the library's entry points (cutlass_ext/native_op.py).
+// Python's cost.  The grouped op is the same with the experts' row offsets (a device tensor, patched into the
+// launch like x) and its own miss op.  The launch struct is opaque here: Python passes its bytes, where x / y /
+// stream / bias / offsets sit in it, and the library's entry points (cutlass_ext/native_op.py).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
@@ -63,8 +65,12 @@ struct Plan {
   at::DeviceType device_type;
   bool has_bias;
   at::ScalarType bias_dtype;
+  std::vector<int64_t> bias_sizes;
+  bool grouped;  // grouped_linear_native's plan: takes the experts' row offsets
+  at::ScalarType offsets_dtype;
+  int64_t offsets_numel;
   std::vector<uint8_t> call;
-  size_t off_x, off_y, off_stream, off_bias;
+  size_t off_x, off_y, off_stream, off_bias, off_offsets;
   Launch launch;
   ErrorString error_string;
   std::vector<Tensor> keep;  // what the call points into (the kernel's repacked weight)
@@ -85,10 +91,15 @@ std::array<const OptT*, kWeightTensors> weight_refs(const OptT& data, const OptT
   return {&data, &scales, &zeros, &gs, &is, &wbias, &kp};
 }
 
+// offsets: nullptr for quant_linear_native's call, the offsets argument for grouped_linear_native's
 bool plan_fits(const Plan& p, const Tensor& x, const std::array<const OptT*, kWeightTensors>& w,
-               c10::string_view scheme, c10::IntArrayRef shape, const OptT& bias, c10::string_view backend,
-               std::optional<at::ScalarType> out_dtype) {
+               c10::string_view scheme, c10::IntArrayRef shape, const Tensor* offsets, const OptT& bias,
+               c10::string_view backend, std::optional<at::ScalarType> out_dtype) {
   if (p.epoch != g_epoch.load(std::memory_order_relaxed)) return false;
+  if (p.grouped != (offsets != nullptr)) return false;
+  if (offsets && (offsets->scalar_type() != p.offsets_dtype || offsets->numel() != p.offsets_numel ||
+                  offsets->device() != x.device() || !offsets->is_contiguous()))
+    return false;
   if (x.scalar_type() != p.x_dtype || x.device().type() != p.device_type || x.device().index() != p.device_index)
     return false;
   if (x.sizes() != c10::IntArrayRef(p.x_sizes) || shape != c10::IntArrayRef(p.shape)) return false;
@@ -97,7 +108,7 @@ bool plan_fits(const Plan& p, const Tensor& x, const std::array<const OptT*, kWe
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias != p.has_bias) return false;
   if (has_bias && (bias->scalar_type() != p.bias_dtype || bias->device() != x.device() || !bias->is_contiguous() ||
-                   bias->dim() != 1 || bias->size(0) != p.out_sizes.back()))
+                   bias->sizes() != c10::IntArrayRef(p.bias_sizes)))
     return false;
   for (int i = 0; i < kWeightTensors; ++i)
     if (!p.weight[i].matches(*w[i])) return false;
@@ -105,7 +116,7 @@ bool plan_fits(const Plan& p, const Tensor& x, const std::array<const OptT*, kWe
 }
 
 // The plan's launch on x; false (nothing launched) where x's memory is not what the kernel reads directly.
-bool run_plan(const Plan& p, const Tensor& x, const OptT& bias, Tensor& y) {
+bool run_plan(const Plan& p, const Tensor& x, const Tensor* offsets, const OptT& bias, Tensor& y) {
   if (!x.is_contiguous() || reinterpret_cast<uintptr_t>(x.data_ptr()) % 16) return false;
   y = at::empty(p.out_sizes, x.options().dtype(p.y_dtype));
   alignas(16) uint8_t call[kMaxCall];
@@ -122,61 +133,91 @@ bool run_plan(const Plan& p, const Tensor& x, const OptT& bias, Tensor& y) {
     void* bp = bias->data_ptr();
     std::memcpy(call + p.off_bias, &bp, sizeof(void*));
   }
+  if (p.grouped) {
+    void* op = offsets->data_ptr();
+    std::memcpy(call + p.off_offsets, &op, sizeof(void*));
+  }
   const int err = p.launch(call);
-  TORCH_CHECK(err == 0, "the native decode kernel failed: error ", err, " (",
+  TORCH_CHECK(err == 0, "the native ", p.grouped ? "grouped " : "", "decode kernel failed: error ", err, " (",
               p.error_string ? p.error_string(err) : "?", ")");
   return true;
 }
 
-Tensor miss(const Tensor& x, const Tensor& data, const Tensor& scales, const OptT& zeros, const OptT& gs,
-            const OptT& is, const OptT& wbias, const OptT& kp, c10::string_view scheme, c10::IntArrayRef shape,
-            const OptT& bias, c10::string_view backend, std::optional<at::ScalarType> out_dtype) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("humming_triton::_quant_linear_native_miss", "")
-                       .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const OptT&, const OptT&,
-                                     const OptT&, const OptT&, const OptT&, c10::string_view, c10::IntArrayRef,
-                                     const OptT&, c10::string_view, std::optional<at::ScalarType>)>();
-  return op.call(x, data, scales, zeros, gs, is, wbias, kp, scheme, shape, bias, backend, out_dtype);
+// The plan for this call if one fits, else null; only the lookup runs under the lock (see PlanPtr).
+PlanPtr find_plan(const Tensor& x, const Tensor& data, const Tensor& scales, const OptT& zeros, const OptT& gs,
+                  const OptT& is, const OptT& wbias, const OptT& kp, c10::string_view scheme, c10::IntArrayRef shape,
+                  const Tensor* offsets, const OptT& bias, c10::string_view backend,
+                  std::optional<at::ScalarType> out_dtype) {
+  const OptT data_opt(data), scales_opt(scales);
+  const auto w = weight_refs(data_opt, scales_opt, zeros, gs, is, wbias, kp);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto range = g_plans.equal_range(data.unsafeGetTensorImpl());
+  for (auto it = range.first; it != range.second; ++it)
+    if (plan_fits(*it->second, x, w, scheme, shape, offsets, bias, backend, out_dtype)) return it->second;
+  return nullptr;
 }
 
 Tensor quant_linear_native(const Tensor& x, const Tensor& data, const Tensor& scales, const OptT& zeros,
                            const OptT& gs, const OptT& is, const OptT& wbias, const OptT& kp, c10::string_view scheme,
                            c10::IntArrayRef shape, const OptT& bias, c10::string_view backend,
                            std::optional<at::ScalarType> out_dtype) {
-  const OptT data_opt(data), scales_opt(scales);
-  const auto w = weight_refs(data_opt, scales_opt, zeros, gs, is, wbias, kp);
-  PlanPtr plan;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    auto range = g_plans.equal_range(data.unsafeGetTensorImpl());
-    for (auto it = range.first; it != range.second; ++it)
-      if (plan_fits(*it->second, x, w, scheme, shape, bias, backend, out_dtype)) {
-        plan = it->second;
-        break;
-      }
-  }
+  PlanPtr plan = find_plan(x, data, scales, zeros, gs, is, wbias, kp, scheme, shape, nullptr, bias, backend, out_dtype);
   Tensor y;
-  if (plan && run_plan(*plan, x, bias, y)) {
+  if (plan && run_plan(*plan, x, nullptr, bias, y)) {
     ++g_hits;
     return y;
   }
   ++g_misses;
-  return miss(x, data, scales, zeros, gs, is, wbias, kp, scheme, shape, bias, backend, out_dtype);
+  static auto miss = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("humming_triton::_quant_linear_native_miss", "")
+                         .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const OptT&, const OptT&,
+                                       const OptT&, const OptT&, const OptT&, c10::string_view, c10::IntArrayRef,
+                                       const OptT&, c10::string_view, std::optional<at::ScalarType>)>();
+  return miss.call(x, data, scales, zeros, gs, is, wbias, kp, scheme, shape, bias, backend, out_dtype);
+}
+
+Tensor grouped_linear_native(const Tensor& x, const Tensor& data, const Tensor& scales, const OptT& zeros,
+                             const OptT& gs, const OptT& is, const OptT& wbias, const OptT& kp,
+                             c10::string_view scheme, c10::IntArrayRef shape, const Tensor& offsets, const OptT& bias,
+                             c10::string_view backend, std::optional<at::ScalarType> out_dtype) {
+  PlanPtr plan = find_plan(x, data, scales, zeros, gs, is, wbias, kp, scheme, shape, &offsets, bias, backend,
+                           out_dtype);
+  Tensor y;
+  if (plan && run_plan(*plan, x, &offsets, bias, y)) {
+    ++g_hits;
+    return y;
+  }
+  ++g_misses;
+  static auto miss = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("humming_triton::_grouped_linear_native_miss", "")
+                         .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const OptT&, const OptT&,
+                                       const OptT&, const OptT&, const OptT&, c10::string_view, c10::IntArrayRef,
+                                       const Tensor&, const OptT&, c10::string_view,
+                                       std::optional<at::ScalarType>)>();
+  return miss.call(x, data, scales, zeros, gs, is, wbias, kp, scheme, shape, offsets, bias, backend, out_dtype);
 }
 
 // Python (cutlass_ext/native_op.py) hands over the plan its full path just made for this signature.
+// ``offsets``: the grouped call's row offsets, None for a quant_linear plan.
 void plan_add(const Tensor& x, const Tensor& data, const Tensor& scales, const OptT& zeros, const OptT& gs,
               const OptT& is, const OptT& wbias, const OptT& kp, c10::string_view scheme, c10::IntArrayRef shape,
-              const OptT& bias, c10::string_view backend, std::optional<at::ScalarType> out_dtype,
-              const Tensor& call, int64_t launch, int64_t error_string, c10::IntArrayRef offsets,
+              const OptT& offsets, const OptT& bias, c10::string_view backend, std::optional<at::ScalarType> out_dtype,
+              const Tensor& call, int64_t launch, int64_t error_string, c10::IntArrayRef fields,
               c10::IntArrayRef out_sizes, at::ScalarType y_dtype, at::TensorList keep, int64_t epoch) {
   TORCH_CHECK(call.device().is_cpu() && call.scalar_type() == at::kByte && call.is_contiguous() &&
                   static_cast<size_t>(call.numel()) <= kMaxCall,
               "plan_add: the launch struct must be a contiguous CPU uint8 tensor of at most ", kMaxCall, " bytes");
-  TORCH_CHECK(offsets.size() == 4, "plan_add: offsets are (x, y, stream, bias)");
-  for (int64_t o : offsets)
+  TORCH_CHECK(fields.size() == 5, "plan_add: fields are the offsets of (x, y, stream, bias, row offsets)");
+  const bool grouped = offsets.has_value() && offsets->defined();
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const int64_t o = fields[i];
+    if (i == 4 && !grouped) {
+      TORCH_CHECK(o == -1, "plan_add: a quant_linear plan has no row offsets field (-1), got ", o);
+      continue;
+    }
     TORCH_CHECK(o >= 0 && static_cast<size_t>(o) + sizeof(void*) <= static_cast<size_t>(call.numel()),
                 "plan_add: field offset ", o, " outside the ", call.numel(), "-byte launch struct");
+  }
   TORCH_CHECK(launch != 0, "plan_add: no launch function");
   auto owned = std::make_shared<Plan>();
   Plan& p = *owned;
@@ -203,9 +244,14 @@ void plan_add(const Tensor& x, const Tensor& data, const Tensor& scales, const O
   p.device_index = x.device().index();
   p.has_bias = bias.has_value() && bias->defined();
   p.bias_dtype = p.has_bias ? bias->scalar_type() : at::kFloat;
+  if (p.has_bias) p.bias_sizes = bias->sizes().vec();
+  p.grouped = grouped;
+  p.offsets_dtype = grouped ? offsets->scalar_type() : at::kInt;
+  p.offsets_numel = grouped ? offsets->numel() : 0;
   const auto* bytes = call.data_ptr<uint8_t>();
   p.call.assign(bytes, bytes + call.numel());
-  p.off_x = offsets[0], p.off_y = offsets[1], p.off_stream = offsets[2], p.off_bias = offsets[3];
+  p.off_x = fields[0], p.off_y = fields[1], p.off_stream = fields[2], p.off_bias = fields[3];
+  p.off_offsets = grouped ? fields[4] : 0;
   p.launch = reinterpret_cast<Launch>(launch);
   p.error_string = reinterpret_cast<ErrorString>(error_string);
   p.keep = keep.vec();
@@ -220,7 +266,8 @@ void plan_add(const Tensor& x, const Tensor& data, const Tensor& scales, const O
     const bool same = it->first == data.unsafeGetTensorImpl() && o.x_sizes == p.x_sizes && o.x_dtype == p.x_dtype &&
                       o.device_type == p.device_type && o.device_index == p.device_index &&
                       o.out_dtype == p.out_dtype && o.has_bias == p.has_bias && o.bias_dtype == p.bias_dtype &&
-                      o.backend == p.backend;
+                      o.bias_sizes == p.bias_sizes && o.backend == p.backend && o.grouped == p.grouped &&
+                      o.offsets_dtype == p.offsets_dtype && o.offsets_numel == p.offsets_numel;
     if (dead || same) {
       dropped.push_back(std::move(it->second));
       it = g_plans.erase(it);
@@ -261,7 +308,7 @@ int64_t plans_drop(int64_t impl) {
 // The epoch a plan made from now on must carry (read before the Python path plans: a reset in between voids it).
 int64_t plans_epoch() { return g_epoch.load(); }
 
-// Hits and misses of quant_linear_native since the process started.
+// Hits and misses of quant_linear_native and grouped_linear_native since the process started.
 std::vector<int64_t> plans_stats() { return {g_hits.load(), g_misses.load()}; }
 
 int64_t plans_count() {
@@ -274,8 +321,8 @@ int64_t plans_count() {
 TORCH_LIBRARY_FRAGMENT(humming_triton, m) {
   m.def(
       "_native_plan_add(Tensor x, Tensor data, Tensor scales, Tensor? zeros, Tensor? global_scale, "
-      "Tensor? input_scale, Tensor? wbias, Tensor? k_perm, str scheme, int[] shape, Tensor? bias, str backend, "
-      "ScalarType? out_dtype, Tensor call, int launch, int error_string, int[] offsets, int[] out_sizes, "
+      "Tensor? input_scale, Tensor? wbias, Tensor? k_perm, str scheme, int[] shape, Tensor? offsets, Tensor? bias, "
+      "str backend, ScalarType? out_dtype, Tensor call, int launch, int error_string, int[] fields, int[] out_sizes, "
       "ScalarType y_dtype, Tensor[] keep, int epoch) -> ()");
   m.def("_native_plans_reset() -> int");
   m.def("_native_plans_count() -> int");
@@ -290,5 +337,11 @@ TORCH_LIBRARY_FRAGMENT(humming_triton, m) {
   m.impl("_native_plans_stats", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(plans_stats));
 }
 
-TORCH_LIBRARY_IMPL(humming_triton, CUDA, m) { m.impl("quant_linear_native", TORCH_FN(quant_linear_native)); }
-TORCH_LIBRARY_IMPL(humming_triton, CPU, m) { m.impl("quant_linear_native", TORCH_FN(quant_linear_native)); }
+TORCH_LIBRARY_IMPL(humming_triton, CUDA, m) {
+  m.impl("quant_linear_native", TORCH_FN(quant_linear_native));
+  m.impl("grouped_linear_native", TORCH_FN(grouped_linear_native));
+}
+TORCH_LIBRARY_IMPL(humming_triton, CPU, m) {
+  m.impl("quant_linear_native", TORCH_FN(quant_linear_native));
+  m.impl("grouped_linear_native", TORCH_FN(grouped_linear_native));
+}

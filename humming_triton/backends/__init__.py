@@ -45,6 +45,11 @@ class Backend:
     def grouped_linear(self, x, qw, offsets, bias, out_dtype, cand: Candidate | None):
         raise NotImplementedError
 
+    def plan_grouped(self, x, qw, offsets, bias, out_dtype, cand: Candidate | None):
+        """A runner ``(x, offsets, bias) -> y or None`` for repeats of this grouped_linear call's signature
+        (plans.py), made after the call's checks; here the same call without them."""
+        return lambda x, offsets, bias: self.grouped_linear(x, qw, offsets, bias, out_dtype, cand)
+
     def fused_moe(self, hidden, w13, w2, topk_weights, topk_ids, activation, cand: Candidate | None):
         raise NotImplementedError
 

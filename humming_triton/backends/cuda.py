@@ -26,6 +26,12 @@ class CudaBackend(FamilyBackend):
         cand = cand or self.candidates(_grouped_call(x, qw))[0]
         return self.family(cand).run(x, offsets, qw, bias, out_dtype, config_of(cand), None)
 
+    def plan_grouped(self, x, qw, offsets, bias, out_dtype, cand):
+        from ._families import config_of
+        cand = cand or self.candidates(_grouped_call(x, qw))[0]
+        lean = self.family(cand).grouped_runner(x, offsets, qw, bias, out_dtype, config_of(cand))
+        return lean if lean is not None else super().plan_grouped(x, qw, offsets, bias, out_dtype, cand)
+
 
 def _grouped_call(x, qw) -> Call:
     from ..kernels.dense import call_of

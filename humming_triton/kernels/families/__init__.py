@@ -52,6 +52,11 @@ class Family:
         None here: repeats call ``run``."""
         return None
 
+    def grouped_runner(self, x, offsets, qw, bias, out_dtype, cfg: KernelConfig):
+        """A grouped family's lean plan for repeats of a ``run(x, offsets, ...)`` call: ``(x, offsets, bias) ->
+        y``, or None from it for arguments it was not made for.  None here: repeats call ``run``."""
+        return None
+
     def __repr__(self) -> str:
         return f"<family {self.backend}/{self.name} ({self.op})>"
 

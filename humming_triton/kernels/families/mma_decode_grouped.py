@@ -70,6 +70,18 @@ class MMADecodeGrouped(Family):
             x = x.contiguous() if not x.is_contiguous() else x.clone()
         return x, None
 
+    def grouped_runner(self, x, offsets, qw, bias, out_dtype, cfg: KernelConfig):
+        """The lean plan of a ``run`` call like this one (``decode_mma.grouped_runner``): ``(x, offsets, bias) ->
+        y`` or None for an ``x`` / ``offsets`` it was not made for; None: repeats call ``run``.  Only for the
+        weight-only kernel: a subclass whose ``operands`` quantize the activations (mma_decode_grouped_act) would
+        run unquantized rows through it (the dense twin's bug, H200 headline at 6fc7cc7)."""
+        if type(self).operands is not MMADecodeGrouped.operands or x.dim() != 2 or x.shape[0] == 0 or not x.is_contiguous() or x.data_ptr() % 16:
+            return None
+        return dm.grouped_runner(packed_experts(qw), x.dtype, x.device, x.shape[0], offsets.dtype, bias, qw.bias
+                                 if bias is None else None, out_dtype or x.dtype, kw=cfg.split_k,
+                                 tw=cfg.block_n // 16, unroll=cfg.num_stages, rows_per_pass=cfg.block_m,
+                                 grid=self.grid)
+
     def run(self, x, offsets, qw, bias, out_dtype, cfg: KernelConfig, out):
         t, n = x.shape[0], qw.N
         out_dtype = out.dtype if out is not None else (out_dtype or x.dtype)
