@@ -54,7 +54,8 @@
 #   matrix  every GPU test of tests/ ($MATRIX_S, default 420 s)                            -> gpu_tests.txt
 #   nativeop the C++ host path of a planned decode call (cutlass_ext/native_op.py, opt-in): built against this
 #           machine's torch, its GPU test                                     -> native_op.txt, gpu_tests.txt
-#           (then e.g. E2E_COMPILE="--compile --compile-native" E2E_S=200 for e2e's same-run A/B)
+#           (then e.g. E2E_COMPILE="--compile --compile-native" E2E_S=200 E2E_MOE_S=200 for e2e's same-run
+#           A/B, dense Llama and Qwen3-MoE: the grouped expert GEMMs take the C++ path too)
 #   overhead host-side µs per call of each path (eager, op, compiled) + profiles  -> overhead.txt
 #   demo    python3 -m humming_triton.demo --backend triton                                -> demo.txt
 #   e2e     decode tokens/s vs bf16: dense Llama ($E2E_SCHEMES) and Qwen3-MoE (eager, CUDA graph, torch.compile);
@@ -265,7 +266,7 @@ for step in $STEPS; do
       stamp e2e
       timeout -k 5 ${E2E_S:-110} python3 -m benchmarks.e2e ${E2E_COMPILE---compile} --schemes ${E2E_SCHEMES:-w4a16,w8a16,mxfp4} \
         --out "$OUT/e2e_llama.json" > "$OUT/e2e.txt" 2>&1
-      [ -n "${E2E_DENSE_ONLY:-}" ] || timeout -k 5 110 python3 -m benchmarks.e2e --compile --model qwen3_moe --hidden 2048 --layers 4 \
+      [ -n "${E2E_DENSE_ONLY:-}" ] || timeout -k 5 ${E2E_MOE_S:-110} python3 -m benchmarks.e2e ${E2E_COMPILE---compile} --model qwen3_moe --hidden 2048 --layers 4 \
         --backend ${E2E_MOE_BACKEND:-auto} --schemes w4a16,mxfp4 --out "$OUT/e2e_moe.json" >> "$OUT/e2e.txt" 2>&1
       # HF generate with a static KV cache, eager and compiled (reduce-overhead), decode tokens/s vs bf16
       [ -z "${E2E_GENERATE:-}" ] || timeout -k 5 ${E2E_GENERATE_S:-150} python3 -m benchmarks.e2e --generate \
