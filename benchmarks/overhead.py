@@ -8,8 +8,9 @@ call plans (humming_triton/plans.py, the default) and without (every call the fu
 ops (``quant_linear`` with its autograd layer, ``quant_linear_nograd``); a ``backend="triton"`` module with Triton's
 compiled-kernel replay (the default) and through Triton's launcher (``HUMMING_TRITON_LAUNCH_REPLAY=0``); both
 modules under ``torch.compile(fullgraph=True)``, the module compiled onto the C++ host path
-(``quant_linear_native``, opt-in: cutlass_ext/native_op.py) and that op's planned call; the GPU µs of one call (CUDA-graph replay); whether the compiled
-path rebuilt QuantWeights or recompiled; and profiles of the compiled and the eager call.
+(``quant_linear_native``, opt-in: cutlass_ext/native_op.py) and that op's planned call; a QuantMoE decode step
+eager, compiled, and compiled onto ``grouped_linear_native``; the GPU µs of one call (CUDA-graph replay); whether
+the compiled path rebuilt QuantWeights or recompiled; and profiles of the compiled and the eager call.
 """
 from __future__ import annotations
 
@@ -45,6 +46,32 @@ def _fresh(mod) -> None:
         if w is not None:
             w.cache.pop("plans", None)
             w.cache.get("triton", {}).pop("launches", None)
+
+
+def _moe_rows(rows: dict) -> None:
+    """A compiled QuantMoE decode step (Qwen3-30B-A3B's expert shapes, one token, top 8) on ``auto``: the default
+    graph (two grouped_linear_nograd ops) and, where the C++ kernel builds, the opt-in grouped_linear_native."""
+    e, h, i, k = 128, 2048, 768, 8
+    w13 = ht.quantize_weight(torch.randn(e, 2 * i, h, device="cuda") / 8, "w4a16")
+    w2 = ht.quantize_weight(torch.randn(e, h, i, device="cuda") / 8, "w4a16")
+    moe = ht.QuantMoE(w13, w2, backend="auto")
+    hidden = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
+    wts, ids = torch.topk(torch.softmax(torch.randn(1, e, device="cuda"), -1), k)
+    rows["QuantMoE eager"] = _cpu_us(lambda: moe(hidden, ids, wts))
+    compiled = torch.compile(moe, fullgraph=True)
+    compiled(hidden, ids, wts)
+    rows["QuantMoE compiled"] = _cpu_us(lambda: compiled(hidden, ids, wts))
+    if native_op.unavailable() is None:
+        os.environ[native_op.ENV] = "1"
+        try:
+            native = torch.compile(copy.deepcopy(moe), fullgraph=True)
+            native(hidden, ids, wts)
+            before = native_op.stats()
+            rows["QuantMoE compiled (native op)"] = _cpu_us(lambda: native(hidden, ids, wts))
+            hits, misses = (a - b for a, b in zip(native_op.stats(), before))
+            print(f"compiled QuantMoE on the native op: {hits} C++ hits, {misses} misses")
+        finally:
+            os.environ.pop(native_op.ENV)
 
 
 def main(argv=None) -> int:
@@ -116,6 +143,7 @@ def main(argv=None) -> int:
                 rows["QuantLinear compiled (native op)"] = _cpu_us(lambda: compiled_native(x))
             finally:
                 os.environ.pop(native_op.ENV)
+        _moe_rows(rows)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             mod(x)
