@@ -19,7 +19,6 @@ import contextlib
 import copy
 import inspect
 import json
-import os
 import sys
 import time
 
@@ -106,23 +105,50 @@ def _retime_interleaved(timers, device, reps: int) -> None:
         rec[key] = sorted(ts)[len(ts) // 2]
 
 
-# opt-in compiled paths timed beside the default compile (--compile-triton / --compile-native): key -> env switch
-OPT_IN_COMPILES = {"compile_triton": "HUMMING_TRITON_COMPILE_TRITON",  # the triton_op path: kernels/compiled.py
-                   "compile_native": "HUMMING_TRITON_NATIVE_OP"}  # the C++ host path: cutlass_ext/native_op.py
+def _opt_in_switches() -> dict:
+    """Opt-in compiled paths timed beside the default compile (--compile-triton / --compile-native): key -> the
+    module whose ``ON`` switch turns it on (a module global: dynamo guards it, so both graphs coexist)."""
+    from cutlass_ext import native_op
+    from humming_triton.kernels import compiled
+    return {"compile_triton": compiled,  # the triton_op path
+            "compile_native": native_op}  # the C++ host path
+
+
+OPT_IN_COMPILES = ("compile_triton", "compile_native")
 
 
 @contextlib.contextmanager
-def _env_on(name: str):
-    """``name=1`` for the duration."""
-    before = os.environ.get(name)
-    os.environ[name] = "1"
+def switched_on(module):
+    """``module.ON`` (an opt-in switch) on for the duration."""
+    before = module.ON
+    module.set_enabled(True)
     try:
         yield
     finally:
-        if before is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = before
+        module.set_enabled(before)
+
+
+def _time_moe_pipeline(rec: dict, model, ids, logits, device, args, timers: list) -> None:
+    """The opt-in MoE pipeline (kernels/moe.py: routing, activation and combine as three Triton launches) timed
+    eagerly and as a replayed CUDA graph, interleaved with the default's: keys ``eager_pipeline_s`` /
+    ``graph_pipeline_s``."""
+    from humming_triton.kernels import moe as moe_kernels
+
+    def eager(model=model):
+        with switched_on(moe_kernels):
+            return model(ids, use_cache=False)
+    try:
+        with torch.no_grad():
+            rec["eager_pipeline_s"] = _time(eager, device, args.reps)
+            timers.append((rec, "eager_pipeline_s", eager))
+            out = eager().logits.float()
+        rec["pipeline_rel_diff_vs_eager"] = float((out - logits).norm() / logits.norm())
+        with switched_on(moe_kernels):  # captured with the switch on: the graph holds the pipeline's kernels
+            replay, _ = _graphed(model, ids)
+        rec["graph_pipeline_s"] = _time(replay, device, args.reps)
+        timers.append((rec, "graph_pipeline_s", replay))
+    except Exception as e:  # noqa: BLE001
+        rec["pipeline_error"] = f"{type(e).__name__}: {e}"[:300]
 
 
 def run(args) -> dict:
@@ -160,6 +186,9 @@ def run(args) -> dict:
                 rec["graph_rel_diff_vs_eager"] = float((out.float() - logits).norm() / logits.norm())
             except Exception as e:  # noqa: BLE001
                 rec["graph_error"] = f"{type(e).__name__}: {e}"[:300]
+        if "error" not in rec and args.moe_pipeline and scheme and args.model == "qwen3_moe" and \
+                device.type == "cuda":
+            _time_moe_pipeline(rec, model, ids, logits, device, args, timers)
         if "error" not in rec and args.compile:
             try:
                 compiled = torch.compile(model, fullgraph=True)
@@ -171,14 +200,14 @@ def run(args) -> dict:
                 rec["compile_rel_diff_vs_eager"] = float((out - logits).norm() / logits.norm())
             except Exception as e:  # noqa: BLE001
                 rec["compile_error"] = f"{type(e).__name__}: {e}"[:300]
-        for key, env in OPT_IN_COMPILES.items():
+        for key, switch in _opt_in_switches().items():
             if "error" in rec or not getattr(args, key) or not scheme or device.type != "cuda":
                 continue
-            try:  # an opt-in path, on a copy (dynamo's cache is per module: the copy is traced anew)
+            try:  # an opt-in path: the switch on while its copy is traced and called (a guard selects its graph)
                 twin = torch.compile(copy.deepcopy(model), fullgraph=True)
 
-                def call_twin(twin=twin, env=env):
-                    with _env_on(env):
+                def call_twin(twin=twin, switch=switch):
+                    with switched_on(switch):
                         return twin(ids, use_cache=False)
                 with torch.no_grad():
                     rec[key + "_s"] = _time(call_twin, device, args.reps)
@@ -374,13 +403,15 @@ def _dequantized_twin(qmodel, base):
 def _row(rec: dict, bf16: dict) -> str:
     if "error" in rec:
         return f"{rec['scheme']:>10}: failed: {rec['error']}"
-    fails = "".join(f"  [{k}: {rec[k]}]" for k in ("graph_error", "compile_error",
+    fails = "".join(f"  [{k}: {rec[k]}]" for k in ("graph_error", "compile_error", "pipeline_error",
                                                    *(o + "_error" for o in OPT_IN_COMPILES)) if k in rec)
     parts = [f"{rec['scheme']:>10}:"]
-    for key in ("eager_s", "graph_s", "compile_s", *(o + "_s" for o in OPT_IN_COMPILES)):
+    for key in ("eager_s", "graph_s", "compile_s", *(o + "_s" for o in OPT_IN_COMPILES), "eager_pipeline_s",
+                "graph_pipeline_s"):
         if key in rec:
             tps = rec["batch"] / rec[key]
-            ratio = bf16.get("compile_s" if key.startswith("compile") else key, rec[key]) / rec[key]
+            base = "compile_s" if key.startswith("compile") else key.replace("_pipeline", "")  # bf16 run that way
+            ratio = bf16.get(base, rec[key]) / rec[key]
             parts.append(f"{key[:-2]} {tps:8.1f} tok/s ({ratio:.2f}x bf16)")
     if "rel_err_vs_dequantized" in rec:
         parts.append(f"err {rec['rel_err_vs_dequantized']:.1e} [{rec.get('backend')}"
@@ -406,10 +437,13 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(fullgraph=True)")
     ap.add_argument("--compile-triton", action="store_true",
                     help="GPU, with --compile: also time each quantized model compiled with the opt-in triton_op path "
-                         "(HUMMING_TRITON_COMPILE_TRITON=1), interleaved with the default: a same-run A/B")
+                         "(kernels.compiled.ON), interleaved with the default: a same-run A/B")
     ap.add_argument("--compile-native", action="store_true",
                     help="GPU, with --compile: also time each quantized model compiled with the opt-in C++ host path "
-                         "(HUMMING_TRITON_NATIVE_OP=1), interleaved with the default: a same-run A/B")
+                         "(cutlass_ext.native_op.ON), interleaved with the default: a same-run A/B")
+    ap.add_argument("--moe-pipeline", action="store_true",
+                    help="GPU, qwen3_moe: also time each quantized model eager and graphed with the opt-in MoE "
+                         "pipeline (kernels/moe.py, HUMMING_TRITON_MOE_PIPELINE), interleaved: a same-run A/B")
     ap.add_argument("--generate", action="store_true",
                     help="also time HF generate with a static KV cache, eager and compiled (reduce-overhead)")
     ap.add_argument("--prompt-len", type=int, default=32, help="--generate: prompt tokens")

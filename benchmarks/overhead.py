@@ -27,6 +27,8 @@ import humming_triton as ht
 from cutlass_ext import native_op
 from humming_triton import ops, plans
 
+from .e2e import switched_on
+
 
 def _cpu_us(fn, reps: int = 300) -> float:
     for _ in range(20):
@@ -62,16 +64,13 @@ def _moe_rows(rows: dict) -> None:
     compiled(hidden, ids, wts)
     rows["QuantMoE compiled"] = _cpu_us(lambda: compiled(hidden, ids, wts))
     if native_op.unavailable() is None:
-        os.environ[native_op.ENV] = "1"
-        try:
+        with switched_on(native_op):
             native = torch.compile(copy.deepcopy(moe), fullgraph=True)
             native(hidden, ids, wts)
             before = native_op.stats()
             rows["QuantMoE compiled (native op)"] = _cpu_us(lambda: native(hidden, ids, wts))
             hits, misses = (a - b for a, b in zip(native_op.stats(), before))
             print(f"compiled QuantMoE on the native op: {hits} C++ hits, {misses} misses")
-        finally:
-            os.environ.pop(native_op.ENV)
 
 
 def main(argv=None) -> int:
@@ -136,13 +135,13 @@ def main(argv=None) -> int:
         finally:
             ops.QuantWeight.__init__ = orig_init
         if native_op.unavailable() is None:
-            os.environ[native_op.ENV] = "1"
-            try:
+            with switched_on(native_op):  # a guarded global: this copy's graph calls the native op
                 compiled_native = torch.compile(copy.deepcopy(mod), fullgraph=True)
                 compiled_native(x)
+                before = native_op.stats()
                 rows["QuantLinear compiled (native op)"] = _cpu_us(lambda: compiled_native(x))
-            finally:
-                os.environ.pop(native_op.ENV)
+                hits, misses = (a - b for a, b in zip(native_op.stats(), before))
+                print(f"compiled QuantLinear on the native op: {hits} C++ hits, {misses} misses")
         _moe_rows(rows)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

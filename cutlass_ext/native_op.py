@@ -1,6 +1,6 @@
 """The C++ kernels of ``humming_triton::quant_linear_native`` and ``grouped_linear_native``
 (csrc_op/native_op.cpp): a planned decode call with no Python on its host path, for compiled graphs (issue 14).
-Opt-in (``HUMMING_TRITON_NATIVE_OP=1``) until it is timed on the H200.
+Opt-in (``HUMMING_TRITON_NATIVE_OP=1`` at import, or ``set_enabled(True)``) until it is timed on the H200.
 
 The kernels are built against the running torch on first use (``torch.utils.cpp_extension``: a C++ compiler and
 ninja, ~20 s on 2 cores, cached per torch version and source); a build that fails leaves the ops on their Python
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ENV", "enabled", "unavailable", "epoch", "offer", "reset", "plans_count", "stats"]
+__all__ = ["ENV", "ON", "set_enabled", "enabled", "built", "unavailable", "epoch", "offer", "reset", "plans_count", "stats"]
 
 ENV = "HUMMING_TRITON_NATIVE_OP"
 SOURCE = Path(__file__).resolve().parent / "csrc_op" / "native_op.cpp"
@@ -45,12 +45,30 @@ def unavailable() -> str | None:
     return _load()
 
 
-def _enabled() -> bool:
-    return os.environ.get(ENV, "0") == "1" and _load() is None
+# The switch: the environment's at import, ``set_enabled`` after.  Modules read ``native_op.ON`` itself in their
+# forward: dynamo guards a module global's value, so graphs traced with the switch on and off coexist and each call
+# runs the one of the switch's value now.  (A read of os.environ, or a function of it folded as a constant, is not
+# guarded: a module compiled with the switch off kept its graph when it was turned on -- and so did every copy of
+# it, whose graphs dynamo shares -- which is how benchmarks.e2e's A/B of session 20 timed the default twice.)
+ON = os.environ.get(ENV, "0") == "1"
+
+
+def set_enabled(on: bool) -> None:
+    global ON
+    ON = bool(on)
+
+
+def _built() -> bool:
+    return _load() is None
 
 
 # torch.compile evaluates this once, at trace time, as a constant (the first call may build the kernel)
-enabled = torch._dynamo.assume_constant_result(_enabled)
+built = torch._dynamo.assume_constant_result(_built)
+
+
+def enabled() -> bool:
+    """Whether modules call the native ops: the switch is on and the kernel built (the first call may build it)."""
+    return ON and built()
 
 
 def _loaded() -> bool:  # without building: a table exists only once the kernel was loaded

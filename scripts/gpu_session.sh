@@ -53,9 +53,10 @@
 #   dense   every format x kernel family GPU test                                          -> gpu_tests.txt
 #   matrix  every GPU test of tests/ ($MATRIX_S, default 420 s)                            -> gpu_tests.txt
 #   nativeop the C++ host path of a planned decode call (cutlass_ext/native_op.py, opt-in): built against this
-#           machine's torch, its GPU test                                     -> native_op.txt, gpu_tests.txt
+#           machine's torch, its GPU tests, and the opt-in MoE pipeline's     -> native_op.txt, gpu_tests.txt
 #           (then e.g. E2E_COMPILE="--compile --compile-native" E2E_S=200 E2E_MOE_S=200 for e2e's same-run
-#           A/B, dense Llama and Qwen3-MoE: the grouped expert GEMMs take the C++ path too)
+#           A/B, dense Llama and Qwen3-MoE: the grouped expert GEMMs take the C++ path too);
+#           E2E_MOE_EXTRA=--moe-pipeline adds the opt-in MoE pipeline's eager / graph A/B (kernels/moe.py)
 #   overhead host-side µs per call of each path (eager, op, compiled) + profiles  -> overhead.txt
 #   demo    python3 -m humming_triton.demo --backend triton                                -> demo.txt
 #   e2e     decode tokens/s vs bf16: dense Llama ($E2E_SCHEMES) and Qwen3-MoE (eager, CUDA graph, torch.compile);
@@ -259,7 +260,7 @@ for step in $STEPS; do
       stamp nativeop
       limited ${NATIVEOP_BUILD_S:-150} python3 -c "from cutlass_ext import native_op; print('built:', native_op.unavailable() or 'yes')" \
         > "$OUT/native_op.txt" 2>&1
-      gpu_tests ${NATIVEOP_S:-100} nativeop tests/test_native_op.py ;;
+      gpu_tests ${NATIVEOP_S:-100} nativeop tests/test_native_op.py tests/test_moe_pipeline.py ;;
     overhead) stamp overhead; timeout -k 5 120 python3 -m benchmarks.overhead --out "$OUT/overhead.json" > "$OUT/overhead.txt" 2>&1 ;;
     demo)    stamp demo; timeout -k 5 80 python3 -m humming_triton.demo --backend triton > "$OUT/demo.txt" 2>&1 ;;
     e2e)
@@ -267,7 +268,7 @@ for step in $STEPS; do
       timeout -k 5 ${E2E_S:-110} python3 -m benchmarks.e2e ${E2E_COMPILE---compile} --schemes ${E2E_SCHEMES:-w4a16,w8a16,mxfp4} \
         --out "$OUT/e2e_llama.json" > "$OUT/e2e.txt" 2>&1
       [ -n "${E2E_DENSE_ONLY:-}" ] || timeout -k 5 ${E2E_MOE_S:-110} python3 -m benchmarks.e2e ${E2E_COMPILE---compile} --model qwen3_moe --hidden 2048 --layers 4 \
-        --backend ${E2E_MOE_BACKEND:-auto} --schemes w4a16,mxfp4 --out "$OUT/e2e_moe.json" >> "$OUT/e2e.txt" 2>&1
+        --backend ${E2E_MOE_BACKEND:-auto} --schemes w4a16,mxfp4 ${E2E_MOE_EXTRA:-} --out "$OUT/e2e_moe.json" >> "$OUT/e2e.txt" 2>&1
       # HF generate with a static KV cache, eager and compiled (reduce-overhead), decode tokens/s vs bf16
       [ -z "${E2E_GENERATE:-}" ] || timeout -k 5 ${E2E_GENERATE_S:-150} python3 -m benchmarks.e2e --generate \
         --schemes ${E2E_SCHEMES:-w4a16,w8a16,mxfp4} --out "$OUT/e2e_generate.json" >> "$OUT/e2e.txt" 2>&1 ;;

@@ -300,7 +300,7 @@ def test_quant_linear_compiles_to_the_native_op(layer, monkeypatch):
     """With the opt-in set, a compiled QuantLinear's graph calls quant_linear_native (fullgraph), and its
     results are eager's."""
     x, qw, host = layer
-    monkeypatch.setenv(native_op.ENV, "1")
+    monkeypatch.setattr(native_op, "ON", True)
     mod = QuantLinear(qw, torch.randn(qw.N))
     with torch.no_grad():
         eager = mod(x)
@@ -478,7 +478,7 @@ def test_compiled_moe_module_calls_the_grouped_native_op(rng, monkeypatch):
     (fullgraph), with eager's result."""
     from humming_triton.nn import QuantMoE
     assert native_op.unavailable() is None, native_op.unavailable()
-    monkeypatch.setenv(native_op.ENV, "1")
+    monkeypatch.setattr(native_op, "ON", True)
     e, h, i, t, k = 4, 128, 128, 5, 2
     mod = QuantMoE(ht.quantize_weight(torch.randn(e, 2 * i, h, generator=rng), "w4a16"),
                    ht.quantize_weight(torch.randn(e, h, i, generator=rng), "w4a16"), backend="auto")
@@ -495,6 +495,42 @@ def test_compiled_moe_module_calls_the_grouped_native_op(rng, monkeypatch):
         want = mod(hidden, ids, wts)
     assert {n for n in seen[-1] if n.startswith("humming_triton.")} == {"humming_triton.grouped_linear_native"}
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("switch", ["native", "triton"])
+def test_an_opt_in_switch_selects_its_graph_in_a_compiled_module(layer, monkeypatch, switch):
+    """The switches are module globals that dynamo guards: one compiled module (and any copy of it: dynamo shares
+    their graphs) runs the default graph with the switch off and the opt-in one with it on, each traced once --
+    the same-run A/B of benchmarks.e2e.  (An os.environ read, as before, was not guarded: flipping it after the
+    first trace changed nothing, and the A/B timed the default twice.)"""
+    from humming_triton.kernels import compiled as compiled_mod
+    x, qw, host = layer
+    module, op = (native_op, "quant_linear_native") if switch == "native" else (compiled_mod, "quant_linear_triton")
+    monkeypatch.setattr(module, "ON", False)
+    mod = QuantLinear(qw)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(mod, fullgraph=True, backend=capture)
+        twin = torch.compile(copy.deepcopy(mod), fullgraph=True, backend=capture)
+        compiled(x)
+        module.set_enabled(True)
+        twin(x)
+        module.set_enabled(False)
+        compiled(x)
+        twin(x)
+        module.set_enabled(True)
+        compiled(x)
+    assert len(graphs) == 2, graphs  # one trace per switch value, shared by the module and its copy
+    ours = [{t for t in g if t.startswith("humming_triton.")} for g in graphs]
+    if switch == "native":
+        assert ours == [{"humming_triton.quant_linear_nograd"}, {"humming_triton.quant_linear_native"}], ours
+    else:  # on the CPU the triton_op path declines (x is not on CUDA), but the switch was read and guarded
+        assert ours == [{"humming_triton.quant_linear_nograd"}] * 2, ours
 
 
 @pytest.mark.gpu

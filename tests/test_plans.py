@@ -344,10 +344,11 @@ def test_quant_linear_triton_op_falls_back_off_cuda(rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 5, 40])
 def test_compiled_quant_linear_launches_triton_from_inductor(m, rng, monkeypatch):
-    """HUMMING_TRITON_COMPILE_TRITON=1: a compiled QuantLinear's calls run no Python of ours (inductor launches the
+    """The triton_op switch on: a compiled QuantLinear's calls run no Python of ours (inductor launches the
     Triton kernel the table picked), and match eager within the kernels' own rounding."""
     import humming_triton.linear as linear_mod
-    monkeypatch.setenv("HUMMING_TRITON_COMPILE_TRITON", "1")
+    from humming_triton.kernels import compiled as compiled_mod
+    monkeypatch.setattr(compiled_mod, "ON", True)
     torch._dynamo.reset()
     lin = torch.nn.Linear(1024, 384, bias=True, device="cuda", dtype=torch.bfloat16)
     mod = ht.QuantLinear.from_linear(lin, "w4a16").eval()

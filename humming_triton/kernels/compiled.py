@@ -20,11 +20,22 @@ from ..formats.scheme import QuantScheme
 from .format_args import format_constexprs
 from .launch import launch_format
 
-__all__ = ["enabled", "quant_linear_triton_op", "triton_plan", "run_planned"]
+__all__ = ["ENV", "ON", "set_enabled", "enabled", "quant_linear_triton_op", "triton_plan", "run_planned"]
+
+
+ENV = "HUMMING_TRITON_COMPILE_TRITON"
+# The switch (the environment's at import, ``set_enabled`` after), read by QuantLinear.forward as ``compiled.ON``:
+# dynamo guards a module global's value, not a read of os.environ (cutlass_ext/native_op.py says what that cost)
+ON = os.environ.get(ENV, "0") == "1"
+
+
+def set_enabled(on: bool) -> None:
+    global ON
+    ON = bool(on)
 
 
 def enabled() -> bool:
-    return os.environ.get("HUMMING_TRITON_COMPILE_TRITON", "0") == "1"
+    return ON
 
 
 def _capturing_cuda_graphs() -> bool:

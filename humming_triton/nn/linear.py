@@ -68,9 +68,10 @@ class QuantLinear(QuantBuffersMixin, nn.Module):
         bias = self.bias
         if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
             return torch.ops.humming_triton.quant_linear(x, *args, bias, self.backend, None)
-        if x.is_cuda and compiled.enabled():  # opt-in: inductor launches the Triton kernel itself
+        # the opt-in switches are read as module globals: dynamo guards their values (native_op.py)
+        if compiled.ON and x.is_cuda:  # opt-in: inductor launches the Triton kernel itself
             return torch.ops.humming_triton.quant_linear_triton(x, *args, bias, self.backend)
-        if native_op.enabled():  # opt-in: a planned native decode call with its host path in C++
+        if native_op.ON and native_op.built():  # opt-in: a planned native decode call with its host path in C++
             return torch.ops.humming_triton.quant_linear_native(x, *args, bias, self.backend, None)
         # no gradient wanted (compiled inference): the op without the autograd layer (ops.py)
         return torch.ops.humming_triton.quant_linear_nograd(x, *args, bias, self.backend, None)
