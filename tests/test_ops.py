@@ -1,5 +1,7 @@
 """The torch.library custom ops: schema/fake/aot checks (opcheck), agreement with the Python API, the
 per-weight cache, and torch.compile(fullgraph=True) on CPU with the reference backend."""
+import shutil
+
 import pytest
 import torch
 
@@ -98,11 +100,22 @@ def test_grouped_linear_nograd_op(rng):
     torch.testing.assert_close(ops.grouped_linear_nograd_op(*args), ops.grouped_linear_op(*args), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("backend", ["auto", "reference"])
-def test_compiled_moe_module_inference_graph(backend, rng):
+@pytest.mark.parametrize("backend", ["auto", "reference", "auto-native"])
+def test_compiled_moe_module_inference_graph(backend, rng, monkeypatch):
     """QuantMoE under torch.compile without gradients: with ``auto`` the routing, activation and reduction are
-    in the graph around two grouped_linear_nograd ops; a named backend calls fused_moe_nograd.  Both match eager."""
+    in the graph around two grouped_linear_nograd ops (grouped_linear_native with the native op's switch on); a
+    named backend calls fused_moe_nograd.  Each matches eager."""
     from humming_triton.nn import QuantMoE
+    from cutlass_ext import native_op
+    native = backend == "auto-native"
+    if native:
+        from torch.utils.cpp_extension import is_ninja_available
+        if shutil.which("c++") is None or not is_ninja_available():
+            pytest.skip("no C++ compiler or no ninja to build the native op's kernel")
+        assert native_op.unavailable() is None, native_op.unavailable()
+        backend = "auto"
+    monkeypatch.setattr(native_op, "ON", native)
+    torch._dynamo.reset()
     e, h, i, t, k = 4, 128, 128, 5, 2
     mod = QuantMoE(_qw(rng, (e, 2 * i, h), "w4a16"), _qw(rng, (e, h, i), "w4a16"), backend=backend)
     hidden = torch.randn(t, h, generator=rng)
@@ -116,7 +129,9 @@ def test_compiled_moe_module_inference_graph(backend, rng):
         got = torch.compile(mod, backend=capture, fullgraph=True)(hidden, ids, wts)
         want = mod(hidden, ids, wts)
     ops_called = {t for t in seen[-1] if t.startswith("humming_triton.")}
-    if backend == "auto":
+    if native:
+        assert ops_called == {"humming_triton.grouped_linear_native"}, ops_called
+    elif backend == "auto":
         assert ops_called == {"humming_triton.grouped_linear_nograd"}, ops_called
     else:
         assert ops_called == {"humming_triton.fused_moe_nograd"}, ops_called
