@@ -151,7 +151,24 @@ def _time_moe_pipeline(rec: dict, model, ids, logits, device, args, timers: list
         rec["pipeline_error"] = f"{type(e).__name__}: {e}"[:300]
 
 
+def _room_for_every_graph():
+    """Each scheme x opt-in switch is one more graph of the same model code (1 + 3 x 3 with both opt-ins): past
+    dynamo's recompile limit (8) a variant would silently run eagerly.  Room for all of them while the run lasts,
+    and an error instead of a silent eager fallback should it still be exceeded."""
+    cfg = torch._dynamo.config
+    limit = next(n for n in ("recompile_limit", "cache_size_limit") if hasattr(cfg, n))  # torch >= 2.7, older
+    patch = {limit: max(64, getattr(cfg, limit))}
+    if hasattr(cfg, "fail_on_recompile_limit_hit"):
+        patch["fail_on_recompile_limit_hit"] = True
+    return cfg.patch(**patch)
+
+
 def run(args) -> dict:
+    with _room_for_every_graph():
+        return _run(args)
+
+
+def _run(args) -> dict:
     device = torch.device("cpu" if args.cpu else "cuda")
     dtype = torch.float32 if args.cpu else torch.bfloat16
     base = build(args.model, args.hidden, args.layers, args.vocab, device, dtype)
