@@ -128,27 +128,33 @@ def switched_on(module):
         module.set_enabled(before)
 
 
-def _time_moe_pipeline(rec: dict, model, ids, logits, device, args, timers: list) -> None:
-    """The opt-in MoE pipeline (kernels/moe.py: routing, activation and combine as three Triton launches) timed
-    eagerly and as a replayed CUDA graph, interleaved with the default's: keys ``eager_pipeline_s`` /
-    ``graph_pipeline_s``."""
+def _opt_in_eager() -> dict:
+    """Opt-in paths timed beside the default eager (and graphed) run: flag -> (name, switch module, graphed too)."""
+    from cutlass_ext import native_op
     from humming_triton.kernels import moe as moe_kernels
+    return {"moe_pipeline": ("pipeline", moe_kernels, True),  # routing / activation / combine as Triton launches
+            "eager_native": ("native", native_op, False)}  # the C++ host path (a graph replays the same kernels)
 
+
+def _time_switched(rec: dict, name: str, switch, graphed: bool, model, ids, logits, device, args, timers) -> None:
+    """The model eager (and replayed from a CUDA graph captured with the switch on) with ``switch`` on,
+    interleaved with the default's: keys ``eager_<name>_s`` / ``graph_<name>_s``."""
     def eager(model=model):
-        with switched_on(moe_kernels):
+        with switched_on(switch):
             return model(ids, use_cache=False)
     try:
         with torch.no_grad():
-            rec["eager_pipeline_s"] = _time(eager, device, args.reps)
-            timers.append((rec, "eager_pipeline_s", eager))
+            rec[f"eager_{name}_s"] = _time(eager, device, args.reps)
+            timers.append((rec, f"eager_{name}_s", eager))
             out = eager().logits.float()
-        rec["pipeline_rel_diff_vs_eager"] = float((out - logits).norm() / logits.norm())
-        with switched_on(moe_kernels):  # captured with the switch on: the graph holds the pipeline's kernels
-            replay, _ = _graphed(model, ids)
-        rec["graph_pipeline_s"] = _time(replay, device, args.reps)
-        timers.append((rec, "graph_pipeline_s", replay))
+        rec[f"{name}_rel_diff_vs_eager"] = float((out - logits).norm() / logits.norm())
+        if graphed:
+            with switched_on(switch):  # captured with the switch on: the graph holds that path's kernels
+                replay, _ = _graphed(model, ids)
+            rec[f"graph_{name}_s"] = _time(replay, device, args.reps)
+            timers.append((rec, f"graph_{name}_s", replay))
     except Exception as e:  # noqa: BLE001
-        rec["pipeline_error"] = f"{type(e).__name__}: {e}"[:300]
+        rec[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
 
 
 def _room_for_every_graph():
@@ -203,9 +209,11 @@ def _run(args) -> dict:
                 rec["graph_rel_diff_vs_eager"] = float((out.float() - logits).norm() / logits.norm())
             except Exception as e:  # noqa: BLE001
                 rec["graph_error"] = f"{type(e).__name__}: {e}"[:300]
-        if "error" not in rec and args.moe_pipeline and scheme and args.model == "qwen3_moe" and \
-                device.type == "cuda":
-            _time_moe_pipeline(rec, model, ids, logits, device, args, timers)
+        for flag, (opt, switch, graphed) in _opt_in_eager().items():
+            if "error" in rec or not getattr(args, flag) or not scheme or device.type != "cuda" or \
+                    (flag == "moe_pipeline" and args.model != "qwen3_moe"):
+                continue
+            _time_switched(rec, opt, switch, graphed, model, ids, logits, device, args, timers)
         if "error" not in rec and args.compile:
             try:
                 compiled = torch.compile(model, fullgraph=True)
@@ -420,14 +428,15 @@ def _dequantized_twin(qmodel, base):
 def _row(rec: dict, bf16: dict) -> str:
     if "error" in rec:
         return f"{rec['scheme']:>10}: failed: {rec['error']}"
-    fails = "".join(f"  [{k}: {rec[k]}]" for k in ("graph_error", "compile_error", "pipeline_error",
+    fails = "".join(f"  [{k}: {rec[k]}]" for k in ("graph_error", "compile_error", "pipeline_error", "native_error",
                                                    *(o + "_error" for o in OPT_IN_COMPILES)) if k in rec)
     parts = [f"{rec['scheme']:>10}:"]
     for key in ("eager_s", "graph_s", "compile_s", *(o + "_s" for o in OPT_IN_COMPILES), "eager_pipeline_s",
-                "graph_pipeline_s"):
+                "graph_pipeline_s", "eager_native_s"):
         if key in rec:
             tps = rec["batch"] / rec[key]
-            base = "compile_s" if key.startswith("compile") else key.replace("_pipeline", "")  # bf16 run that way
+            # against bf16 run the same way (its eager / graph / compile time)
+            base = "compile_s" if key.startswith("compile") else key.replace("_pipeline", "").replace("_native", "")
             ratio = bf16.get(base, rec[key]) / rec[key]
             parts.append(f"{key[:-2]} {tps:8.1f} tok/s ({ratio:.2f}x bf16)")
     if "rel_err_vs_dequantized" in rec:
@@ -461,6 +470,9 @@ def main(argv=None) -> int:
     ap.add_argument("--moe-pipeline", action="store_true",
                     help="GPU, qwen3_moe: also time each quantized model eager and graphed with the opt-in MoE "
                          "pipeline (kernels/moe.py, HUMMING_TRITON_MOE_PIPELINE), interleaved: a same-run A/B")
+    ap.add_argument("--eager-native", action="store_true",
+                    help="GPU: also time each quantized model eager with the opt-in C++ host path "
+                         "(cutlass_ext.native_op.ON), interleaved: a same-run A/B")
     ap.add_argument("--generate", action="store_true",
                     help="also time HF generate with a static KV cache, eager and compiled (reduce-overhead)")
     ap.add_argument("--prompt-len", type=int, default=32, help="--generate: prompt tokens")

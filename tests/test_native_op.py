@@ -473,6 +473,72 @@ def test_the_grouped_python_path_hands_its_plans_to_the_table(experts, rng, monk
     torch.testing.assert_close(hit, miss, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("switch", ["native", "triton"])
+def test_an_opt_in_switch_selects_its_graph_in_a_compiled_module(layer, monkeypatch, switch):
+    """The switches are module globals that dynamo guards: one compiled module (and any copy of it: dynamo shares
+    their graphs) runs the default graph with the switch off and the opt-in one with it on, each traced once --
+    the same-run A/B of benchmarks.e2e.  (An os.environ read, as before, was not guarded: flipping it after the
+    first trace changed nothing, and the A/B timed the default twice.)"""
+    from humming_triton.kernels import compiled as compiled_mod
+    x, qw, host = layer
+    module, op = (native_op, "quant_linear_native") if switch == "native" else (compiled_mod, "quant_linear_triton")
+    monkeypatch.setattr(module, "ON", False)
+    mod = QuantLinear(qw)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(mod, fullgraph=True, backend=capture)
+        twin = torch.compile(copy.deepcopy(mod), fullgraph=True, backend=capture)
+        compiled(x)
+        module.set_enabled(True)
+        twin(x)
+        module.set_enabled(False)
+        compiled(x)
+        twin(x)
+        module.set_enabled(True)
+        compiled(x)
+    assert len(graphs) == 2, graphs  # one trace per switch value, shared by the module and its copy
+    ours = [{t for t in g if t.startswith("humming_triton.")} for g in graphs]
+    if switch == "native":
+        assert ours == [{"humming_triton.quant_linear_nograd"}, {"humming_triton.quant_linear_native"}], ours
+    else:  # on the CPU the triton_op path declines (x is not on CUDA), but the switch was read and guarded
+        assert ours == [{"humming_triton.quant_linear_nograd"}] * 2, ours
+
+
+def test_eager_modules_take_the_native_ops_when_switched_on(layer, rng, monkeypatch):
+    """With the switch on, an eager QuantLinear calls quant_linear_native (a C++ hit once planned) and the CUDA
+    fused MoE's two grouped GEMMs call grouped_linear_native; off, neither does."""
+    from humming_triton.kernels import moe as moe_kernels
+    x, qw, host = layer
+    mod = QuantLinear(qw, torch.randn(qw.N))
+    args = mod._weight_args("weight", None)
+    with torch.no_grad():
+        monkeypatch.setattr(native_op, "ON", False)
+        _add_plan(x, ht.QuantWeight(*args[:2], qw.scheme, qw.shape), mod.bias, host, args=args)
+        off = mod(x)
+        assert host.calls == 0
+        monkeypatch.setattr(native_op, "ON", True)
+        on = mod(x)
+        assert host.calls == 1
+        torch.testing.assert_close(on, off, rtol=1e-4, atol=1e-4)
+        e, h, i, t, k = 4, 128, 128, 3, 2
+        w13 = ht.quantize_weight(torch.randn(e, 2 * i, h, generator=rng), "w4a16")
+        w2 = ht.quantize_weight(torch.randn(e, h, i, generator=rng), "w4a16")
+        hidden = torch.randn(t, h, generator=rng)
+        wts, ids = torch.topk(torch.softmax(torch.randn(t, e, generator=rng), -1), k)
+        before = native_op.stats()
+        got = moe_kernels.triton_fused_moe(hidden, w13, w2, wts, ids)
+        assert _hits_misses_since(before) == (0, 2)  # both GEMMs through the op (the reference plans nothing)
+        monkeypatch.setattr(native_op, "ON", False)
+        want = moe_kernels.triton_fused_moe(hidden, w13, w2, wts, ids)
+        assert _hits_misses_since(before) == (0, 2)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("scheme", ["w4a16", "mxfp4", "w8a16"])
 def test_native_op_on_gpu(scheme, rng):

@@ -72,8 +72,14 @@ def triton_fused_moe(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight, to
                      topk_ids: torch.Tensor, activation: str = "silu", measured: bool = True) -> torch.Tensor:
     """``measured``: each grouped GEMM is the measured table's choice (``backend="auto"``); False: Triton's
     grouped tiles with the built-in config, what ``backend="triton"`` names."""
+    from cutlass_ext import native_op
+
     from ..linear import grouped_linear
-    if measured:
+    from ..ops import weight_args
+    if measured and native_op.ON and native_op.built():  # opt-in: each planned grouped call's host path in C++
+        gemm = lambda x, qw, offsets: torch.ops.humming_triton.grouped_linear_native(  # noqa: E731
+            x, *weight_args(qw), offsets, None, "auto", torch.float32)
+    elif measured:
         gemm = lambda x, qw, offsets: grouped_linear(x, qw, offsets, out_dtype=torch.float32)  # noqa: E731
     else:
         gemm = lambda x, qw, offsets: triton_grouped_linear(x, qw, offsets, out_dtype=torch.float32)  # noqa: E731

@@ -64,6 +64,8 @@ class QuantLinear(QuantBuffersMixin, nn.Module):
         # the bias goes in the op's override slot, so the QuantWeight rebuilt inside stays bias-free and cached
         args = self._weight_args("weight", None)
         if eager_direct(x):  # eager inference: the op's own body, without the dispatcher's custom-op layer
+            if native_op.ON and native_op.built():  # opt-in: a planned call's host path in C++ here too
+                return torch.ops.humming_triton.quant_linear_native(x, *args, self.bias, self.backend, None)
             return quant_linear(x, quant_weight_from_args(*args), self.bias, self.backend, None)
         bias = self.bias
         if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
