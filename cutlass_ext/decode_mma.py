@@ -118,6 +118,7 @@ class NativeLaunch:
     out_shape: tuple
     out_dtype: torch.dtype
     keep: tuple
+    weight_bias: bool = False  # without a bias argument the launch reads the weight's own (wbias), patched per call
 
 
 def _packed_tensors(p: Packed) -> tuple:
@@ -380,14 +381,14 @@ def _raw_stream(device: torch.device):
     return (lambda: raw_stream(index)) if raw_stream is not None else (lambda: current_stream(device))  # noqa: E731
 
 
-def _native_launch(template: DecodeCall, shape: tuple, out_dtype: torch.dtype, keep: tuple,
-                   grouped: bool) -> NativeLaunch:
+def _native_launch(template: DecodeCall, shape: tuple, out_dtype: torch.dtype, keep: tuple, grouped: bool,
+                   weight_bias: bool = False) -> NativeLaunch:
     offsets = DecodeCall.offsets.offset if grouped else -1
     return NativeLaunch(
         bytes(template),
         (DecodeCall.x.offset, DecodeCall.y.offset, DecodeCall.stream.offset, DecodeCall.bias.offset, offsets),
         ctypes.cast(library().ht_decode_mma, ctypes.c_void_p).value,
-        ctypes.cast(library().ht_error_string, ctypes.c_void_p).value, tuple(shape), out_dtype, keep)
+        ctypes.cast(library().ht_error_string, ctypes.c_void_p).value, tuple(shape), out_dtype, keep, weight_bias)
 
 
 def _lean_bias_ok(bias: torch.Tensor | None) -> bool:
@@ -432,14 +433,16 @@ def grouped_runner(p: Packed, dtype: torch.dtype, device: torch.device, rows: in
                    bias: torch.Tensor | None, fixed_bias: torch.Tensor | None, out_dtype: torch.dtype, kw: int,
                    tw: int, unroll: int, rows_per_pass: int, grid: str):
     """``run_grouped`` bound to one call signature, for a call plan: ``(x, offsets, bias) -> y [rows, N]`` for a
-    contiguous, 16-byte aligned ``x`` of ``rows`` routed rows, ``offsets`` of ``offsets_dtype`` and a bias like
-    ``bias`` ([E, N], same dtype, or None as it is None; None runs ``fixed_bias``, the weight's own bias, whose
-    pointer the plan holds).  Per call only the output, the pointers and the launch; returns None for an ``x`` or
-    ``offsets`` it was not made for.  None: no lean form for this signature."""
+    contiguous, 16-byte aligned ``x`` of ``rows`` routed rows on ``device``, 1-D ``offsets`` of ``offsets_dtype``
+    on ``device``, and a bias like ``bias`` ([E, N], same dtype, or None as it is None; None runs ``fixed_bias``,
+    the weight's own bias, whose pointer is read per call: ``t.data = other`` keeps the tensor but not its
+    memory).  Per call only the output, the pointers and the launch; returns None for arguments it was not made
+    for (the full path checks them).  None: no lean form for this signature (run_grouped's argument rules)."""
     if not p.experts or rows < 1 or out_dtype not in _OUT_DTYPES or 32 * kw * tw > MAX_THREADS or \
             dtype not in _DTYPES or offsets_dtype not in (torch.int32, torch.int64) or p.k % 8 or \
-            rows_per_pass not in (8, 16, 32) or grid not in GRIDS or (bias is not None and fixed_bias is not None) \
-            or not _lean_bias_ok(bias) or not _lean_bias_ok(fixed_bias):
+            rows_per_pass not in (8, 16, 32) or (rows_per_pass == 32 and unroll > 2) or grid not in GRIDS or \
+            (grid == "rows" and rows_per_pass != 8) or (bias is not None and fixed_bias is not None) or \
+            not _lean_bias_ok(bias) or not _lean_bias_ok(fixed_bias):
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     given = bias if bias is not None else fixed_bias
@@ -447,18 +450,21 @@ def grouped_runner(p: Packed, dtype: torch.dtype, device: torch.device, rows: in
         p, index, dtype, None if given is None else given.dtype, out_dtype, kw, tw, unroll, rows_per_pass, 1.0,
         offsets_dtype == torch.int64))
     template.ldx, template.ldy, template.routed_rows, template.grid = p.k, p.n, rows, GRIDS[grid]
-    keep = _packed_tensors(p)
-    if fixed_bias is not None:
-        template.bias, keep = fixed_bias.data_ptr(), keep + (fixed_bias,)
     launch, copy, by_ref, stream = library().ht_decode_mma, DecodeCall.from_buffer_copy, ctypes.byref, \
         _raw_stream(device)
     shape, experts = (rows, p.n), p.experts + 1
+    fixed, fixed_dtype = fixed_bias, None if fixed_bias is None else fixed_bias.dtype
 
     def run_planned(x: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None):
         ptr = x.data_ptr()
-        if ptr % 16 or not x.is_contiguous() or offsets.dtype != offsets_dtype or offsets.numel() != experts or \
-                not offsets.is_contiguous():
+        if ptr % 16 or not x.is_contiguous() or x.device != device or offsets.dtype != offsets_dtype or \
+                offsets.dim() != 1 or offsets.numel() != experts or not offsets.is_contiguous() or \
+                offsets.device != device:
             return None
+        if bias is None and fixed is not None:
+            if fixed.dtype != fixed_dtype or not fixed.is_contiguous():
+                return None
+            bias = fixed
         y = torch.empty(shape, dtype=out_dtype, device=device)
         call = copy(template)
         call.x, call.y, call.offsets, call.stream = ptr, y.data_ptr(), offsets.data_ptr(), stream()
@@ -469,7 +475,8 @@ def grouped_runner(p: Packed, dtype: torch.dtype, device: torch.device, rows: in
             check(err, "the native grouped decode kernel")
         return y
     run_planned.packed = p
-    run_planned.native = _native_launch(template, shape, out_dtype, keep, grouped=True)
+    run_planned.native = _native_launch(template, shape, out_dtype, _packed_tensors(p), grouped=True,
+                                        weight_bias=fixed is not None)
     return run_planned
 
 

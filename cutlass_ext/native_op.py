@@ -129,6 +129,6 @@ def offer(runner, x: torch.Tensor, args: tuple, bias: torch.Tensor | None, backe
     call = torch.frombuffer(bytearray(native.call), dtype=torch.uint8)
     torch.ops.humming_triton._native_plan_add(x, *args, offsets, bias, backend, out_dtype, call, native.launch,
                                               native.error_string, list(native.offsets), list(native.out_shape),
-                                              native.out_dtype, list(native.keep), made_at)
+                                              native.out_dtype, list(native.keep), native.weight_bias, made_at)
     _watch(args[0])
     return True

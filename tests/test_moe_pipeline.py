@@ -45,8 +45,9 @@ def test_route_kernel_is_the_stable_sort(t, k, e, rng):
 def test_route_kernel_drops_ids_out_of_range(rng):
     """Ids outside [0, E) (another rank's experts) sort after every expert: offsets count only the others."""
     e = 4
-    ids = torch.tensor([[0, -1], [4, 2], [2, 9], [1, 0]])
-    xs, row_w, inv, offsets = _route(ids, torch.rand(4, 2, generator=rng), torch.randn(4, 16, generator=rng), e)
+    # 2**32 + 1 and -(2**32) + 3 are out of range too (an int32 cast before the test would wrap them to 1 and 3)
+    ids = torch.tensor([[0, -1], [4, 2], [2, 9], [1, 0], [2 ** 32 + 1, -(2 ** 32) + 3]])
+    xs, row_w, inv, offsets = _route(ids, torch.rand(5, 2, generator=rng), torch.randn(5, 16, generator=rng), e)
     keep = (ids >= 0) & (ids < e)
     assert offsets.tolist() == [0, 2, 3, 5, 5]
     assert sorted(inv[keep.reshape(-1)].tolist()) == list(range(5)) and (inv[~keep.reshape(-1)] >= 5).all()
@@ -58,13 +59,16 @@ def test_route_kernel_drops_ids_out_of_range(rng):
 def test_gated_activation_kernel(kind, dtype, rng):
     rows, inter = 6, 40
     h = torch.randn(rows, 2 * inter, generator=rng) * 4  # past swiglu_oai's clamps
+    h[1, :4] = float("nan")  # gate and up of a few columns (either layout): NaN stays NaN, as torch.clamp keeps it
     a = poison_like(torch.empty(rows, inter, dtype=dtype))
     gated_activation_kernel[(rows, 2)](h, a, inter, h.stride(0), a.stride(0), KIND={"silu": 0, "swiglu_oai": 1}[kind],
                                        BLOCK=32)
     want = moe_activation(h, kind).double()  # fp32, as the kernel computes
     # fp32 arithmetic in another order than torch's: a few fp32 ulps, then one rounding to dtype
     tol = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -20
-    torch.testing.assert_close(a.double(), want, rtol=tol, atol=tol * want.abs().max().item())
+    assert torch.equal(a.isnan(), want.isnan()) and want.isnan().any()
+    scale = want.nan_to_num(0).abs().max().item()
+    torch.testing.assert_close(a.double(), want, rtol=tol, atol=tol * scale, equal_nan=True)
 
 
 @pytest.mark.interpret

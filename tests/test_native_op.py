@@ -345,13 +345,12 @@ class _GroupedHostLaunch(_HostLaunch):
         return 0
 
 
-def _grouped_native(x, offsets, qw, host, fixed_bias=None, keep=()) -> NativeLaunch:
+def _grouped_native(x, offsets, qw, host, weight_bias=False) -> NativeLaunch:
     call = _GroupedCall(tag=9, rows=x.shape[0], n=qw.N, k=qw.K, experts=qw.num_experts,
-                        i64=int(offsets.dtype == torch.int64),
-                        bias=None if fixed_bias is None else fixed_bias.data_ptr())
+                        i64=int(offsets.dtype == torch.int64))
     return NativeLaunch(bytes(call), (_GroupedCall.x.offset, _GroupedCall.y.offset, _GroupedCall.stream.offset,
                                       _GroupedCall.bias.offset, _GroupedCall.offsets.offset),
-                        host.address, 0, (x.shape[0], qw.N), torch.float32, tuple(keep))
+                        host.address, 0, (x.shape[0], qw.N), torch.float32, (), weight_bias)
 
 
 def _grouped_op(x, qw, offsets, bias=None, backend="auto", out_dtype=None):
@@ -374,10 +373,11 @@ def experts(rng):
     native_op.reset()
 
 
-def _add_grouped_plan(x, offsets, qw, bias, host, backend="auto", made_at=None):
+def _add_grouped_plan(x, offsets, qw, bias, host, backend="auto", made_at=None, weight_bias=False):
     made_at = native_op.epoch() if made_at is None else made_at
-    assert native_op.offer(types.SimpleNamespace(native=_grouped_native(x, offsets, qw, host)), x, weight_args(qw),
-                           bias, backend, None, made_at, offsets=offsets)
+    native = _grouped_native(x, offsets, qw, host, weight_bias)
+    assert native_op.offer(types.SimpleNamespace(native=native), x, weight_args(qw), bias, backend, None, made_at,
+                           offsets=offsets)
 
 
 def test_a_grouped_hit_runs_the_planned_launch_with_this_calls_offsets(experts, rng):
@@ -397,8 +397,8 @@ def test_a_grouped_hit_runs_the_planned_launch_with_this_calls_offsets(experts, 
         torch.testing.assert_close(y.double(), want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("change", ["offsets_dtype", "offsets_strided", "other_rows", "bias_shape", "no_bias",
-                                    "in_place_scales", "backend", "reset"])
+@pytest.mark.parametrize("change", ["offsets_dtype", "offsets_strided", "offsets_2d", "other_rows", "bias_shape",
+                                    "no_bias", "in_place_scales", "scales_memory_swapped", "backend", "reset"])
 def test_anything_the_grouped_plan_was_not_made_for_misses(experts, rng, change):
     x, qw, host = experts
     bias = torch.randn(qw.num_experts, qw.N, generator=rng)
@@ -417,15 +417,19 @@ def test_anything_the_grouped_plan_was_not_made_for_misses(experts, rng, change)
         bias = bias.reshape(-1)
     elif change == "no_bias":
         bias = None
+    elif change == "offsets_2d":  # the planned dtype and count, another shape
+        offsets = offsets.view(1, -1)
     elif change == "in_place_scales":
         qw.scales.mul_(2)
+    elif change == "scales_memory_swapped":  # `t.data = other`: the same tensor and version, other memory
+        qw.scales.data = qw.scales.data * 2
     elif change == "backend":
         backend = "reference"
     elif change == "reset":
         native_op.reset()
     before = native_op.stats()
-    if change == "bias_shape":  # the Python path names the problem
-        with pytest.raises(ValueError, match="bias"):
+    if change in ("bias_shape", "offsets_2d"):  # the Python path names the problem
+        with pytest.raises(ValueError, match="bias" if change == "bias_shape" else "offsets"):
             _grouped_op(x, qw, offsets, bias, backend)
     else:
         got = _grouped_op(x, qw, offsets, bias, backend)
@@ -433,6 +437,32 @@ def test_anything_the_grouped_plan_was_not_made_for_misses(experts, rng, change)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert host.calls == 0, change
     assert _hits_misses_since(before) == (0, 1), change
+
+
+def test_a_grouped_plan_reads_the_weights_own_bias_per_call(rng):
+    """A launch marked ``weight_bias`` (decode_mma.grouped_runner for a weight with its own expert bias, e.g.
+    gpt-oss) gets the weight's bias pointer patched in per call; when that tensor's memory is swapped
+    (``t.data = other``: same tensor, same version) the plan misses and the Python path answers."""
+    assert native_op.unavailable() is None, native_op.unavailable()
+    native_op.reset()
+    plain = ht.quantize_weight(torch.randn(4, 24, 128, generator=rng), "w4a16")
+    qw = ht.QuantWeight(plain.data, plain.scales, plain.scheme, plain.shape,
+                        bias=torch.randn(4, 24, generator=rng))
+    x = torch.randn(6, 128, generator=rng)
+    offsets = _offsets(rng, 6, 4)
+    host = _GroupedHostLaunch(ht.dequantize_weight(qw).float())
+    _add_grouped_plan(x, offsets, qw, None, host, weight_bias=True)
+    before = native_op.stats()
+    y = _grouped_op(x, qw, offsets)
+    assert _hits_misses_since(before) == (1, 0) and host.seen[4] == qw.bias.data_ptr()
+    want = torch.ops.humming_triton.grouped_linear_nograd(x, *weight_args(qw), offsets, None, "auto", None)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    qw.bias.data = qw.bias.data + 1
+    again = _grouped_op(x, qw, offsets)
+    assert _hits_misses_since(before) == (1, 1) and host.calls == 1
+    want = torch.ops.humming_triton.grouped_linear_nograd(x, *weight_args(qw), offsets, None, "auto", None)
+    torch.testing.assert_close(again, want, rtol=0, atol=0)
+    native_op.reset()
 
 
 def test_dense_and_grouped_plans_never_serve_each_other(experts, rng):

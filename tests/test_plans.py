@@ -221,13 +221,20 @@ def test_grouped_decode_plan_launches_what_the_full_path_does(family, rows, bias
     for field, value in zip(native.offsets, (x.data_ptr(), y.data_ptr(), 1234, None, offsets.data_ptr())):
         if value is not None:
             table[field:field + 8] = ctypes.c_uint64(value).value.to_bytes(8, "little")
-    if call_bias is not None:
-        table[native.offsets[3]:native.offsets[3] + 8] = call_bias.data_ptr().to_bytes(8, "little")
+    assert native.weight_bias == (wbias is not None)  # the C++ table patches the weight's bias per call
+    given = call_bias if call_bias is not None else wbias
+    if given is not None:
+        table[native.offsets[3]:native.offsets[3] + 8] = given.data_ptr().to_bytes(8, "little")
     assert bytes(table) == bytes(got)
     assert native.out_shape == (rows, 64) and native.out_dtype == torch.float32
-    assert wbias is None or any(t is wbias for t in native.keep)  # the struct points at it: held with the plan
+    if wbias is not None:  # `t.data = other` keeps the tensor and its version: the pointer is read per call
+        wbias.data = wbias.data + 1
+        lean(x, offsets, call_bias)
+        assert DecodeCall.from_buffer_copy(lib.calls[-1]).bias == wbias.data_ptr()
     # a runner refuses the calls it was not made for (the full path takes them)
     assert lean(x, offsets.int(), call_bias) is None
+    assert lean(x, offsets.view(1, -1), call_bias) is None
+    assert lean(x, offsets.to("meta"), call_bias) is None
     assert lean(torch.randn(rows, 512, generator=rng).bfloat16()[:, :256], offsets, call_bias) is None
 
 

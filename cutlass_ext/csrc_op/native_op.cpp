@@ -44,6 +44,7 @@ int64_t version_of(const Tensor& t) { return t.is_inference() ? -2 : static_cast
 struct Watched {  // one weight tensor as the plan saw it; weak: a plan never keeps a dropped weight alive
   std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> impl;  // empty: the argument was None
   int64_t version = 0;
+  const void* ptr = nullptr;  // its memory: ``t.data = other`` keeps the TensorImpl and the version, not this
 
   bool alive() const { return !impl || !impl->expired(); }
   bool matches(const OptT& t) const {
@@ -51,7 +52,7 @@ struct Watched {  // one weight tensor as the plan saw it; weak: a plan never ke
     if (has != impl.has_value()) return false;
     if (!has) return true;
     auto held = impl->lock();
-    return held && held.get() == t->unsafeGetTensorImpl() && version_of(*t) == version;
+    return held && held.get() == t->unsafeGetTensorImpl() && version_of(*t) == version && t->data_ptr() == ptr;
   }
 };
 
@@ -66,6 +67,7 @@ struct Plan {
   bool has_bias;
   at::ScalarType bias_dtype;
   std::vector<int64_t> bias_sizes;
+  bool weight_bias;  // without a bias argument, the launch reads the weight's own bias (wbias), patched per call
   bool grouped;  // grouped_linear_native's plan: takes the experts' row offsets
   at::ScalarType offsets_dtype;
   int64_t offsets_numel;
@@ -97,8 +99,8 @@ bool plan_fits(const Plan& p, const Tensor& x, const std::array<const OptT*, kWe
                c10::string_view backend, std::optional<at::ScalarType> out_dtype) {
   if (p.epoch != g_epoch.load(std::memory_order_relaxed)) return false;
   if (p.grouped != (offsets != nullptr)) return false;
-  if (offsets && (offsets->scalar_type() != p.offsets_dtype || offsets->numel() != p.offsets_numel ||
-                  offsets->device() != x.device() || !offsets->is_contiguous()))
+  if (offsets && (offsets->scalar_type() != p.offsets_dtype || offsets->dim() != 1 ||
+                  offsets->numel() != p.offsets_numel || offsets->device() != x.device() || !offsets->is_contiguous()))
     return false;
   if (x.scalar_type() != p.x_dtype || x.device().type() != p.device_type || x.device().index() != p.device_index)
     return false;
@@ -116,7 +118,7 @@ bool plan_fits(const Plan& p, const Tensor& x, const std::array<const OptT*, kWe
 }
 
 // The plan's launch on x; false (nothing launched) where x's memory is not what the kernel reads directly.
-bool run_plan(const Plan& p, const Tensor& x, const Tensor* offsets, const OptT& bias, Tensor& y) {
+bool run_plan(const Plan& p, const Tensor& x, const Tensor* offsets, const OptT& bias, const OptT& wbias, Tensor& y) {
   if (!x.is_contiguous() || reinterpret_cast<uintptr_t>(x.data_ptr()) % 16) return false;
   y = at::empty(p.out_sizes, x.options().dtype(p.y_dtype));
   alignas(16) uint8_t call[kMaxCall];
@@ -129,8 +131,8 @@ bool run_plan(const Plan& p, const Tensor& x, const Tensor* offsets, const OptT&
   std::memcpy(call + p.off_x, &xp, sizeof(void*));
   std::memcpy(call + p.off_y, &yp, sizeof(void*));
   std::memcpy(call + p.off_stream, &stream, sizeof(void*));
-  if (p.has_bias) {
-    void* bp = bias->data_ptr();
+  if (p.has_bias || p.weight_bias) {  // the weight's own: plan_fits matched its tensor, version and memory
+    void* bp = p.has_bias ? bias->data_ptr() : wbias->data_ptr();
     std::memcpy(call + p.off_bias, &bp, sizeof(void*));
   }
   if (p.grouped) {
@@ -163,7 +165,7 @@ Tensor quant_linear_native(const Tensor& x, const Tensor& data, const Tensor& sc
                            std::optional<at::ScalarType> out_dtype) {
   PlanPtr plan = find_plan(x, data, scales, zeros, gs, is, wbias, kp, scheme, shape, nullptr, bias, backend, out_dtype);
   Tensor y;
-  if (plan && run_plan(*plan, x, nullptr, bias, y)) {
+  if (plan && run_plan(*plan, x, nullptr, bias, wbias, y)) {
     ++g_hits;
     return y;
   }
@@ -183,7 +185,7 @@ Tensor grouped_linear_native(const Tensor& x, const Tensor& data, const Tensor& 
   PlanPtr plan = find_plan(x, data, scales, zeros, gs, is, wbias, kp, scheme, shape, &offsets, bias, backend,
                            out_dtype);
   Tensor y;
-  if (plan && run_plan(*plan, x, &offsets, bias, y)) {
+  if (plan && run_plan(*plan, x, &offsets, bias, wbias, y)) {
     ++g_hits;
     return y;
   }
@@ -203,7 +205,8 @@ void plan_add(const Tensor& x, const Tensor& data, const Tensor& scales, const O
               const OptT& is, const OptT& wbias, const OptT& kp, c10::string_view scheme, c10::IntArrayRef shape,
               const OptT& offsets, const OptT& bias, c10::string_view backend, std::optional<at::ScalarType> out_dtype,
               const Tensor& call, int64_t launch, int64_t error_string, c10::IntArrayRef fields,
-              c10::IntArrayRef out_sizes, at::ScalarType y_dtype, at::TensorList keep, int64_t epoch) {
+              c10::IntArrayRef out_sizes, at::ScalarType y_dtype, at::TensorList keep, bool weight_bias,
+              int64_t epoch) {
   TORCH_CHECK(call.device().is_cpu() && call.scalar_type() == at::kByte && call.is_contiguous() &&
                   static_cast<size_t>(call.numel()) <= kMaxCall,
               "plan_add: the launch struct must be a contiguous CPU uint8 tensor of at most ", kMaxCall, " bytes");
@@ -230,6 +233,7 @@ void plan_add(const Tensor& x, const Tensor& data, const Tensor& scales, const O
     if (t.has_value() && t->defined()) {
       p.weight[i].impl.emplace(t->getIntrusivePtr());
       p.weight[i].version = version_of(*t);
+      p.weight[i].ptr = t->data_ptr();
     }
   }
   p.scheme = std::string(scheme);
@@ -245,6 +249,9 @@ void plan_add(const Tensor& x, const Tensor& data, const Tensor& scales, const O
   p.has_bias = bias.has_value() && bias->defined();
   p.bias_dtype = p.has_bias ? bias->scalar_type() : at::kFloat;
   if (p.has_bias) p.bias_sizes = bias->sizes().vec();
+  p.weight_bias = weight_bias && !p.has_bias;
+  TORCH_CHECK(!p.weight_bias || (wbias.has_value() && wbias->defined()),
+              "plan_add: the launch reads the weight's bias, but the weight has none");
   p.grouped = grouped;
   p.offsets_dtype = grouped ? offsets->scalar_type() : at::kInt;
   p.offsets_numel = grouped ? offsets->numel() : 0;
@@ -266,7 +273,8 @@ void plan_add(const Tensor& x, const Tensor& data, const Tensor& scales, const O
     const bool same = it->first == data.unsafeGetTensorImpl() && o.x_sizes == p.x_sizes && o.x_dtype == p.x_dtype &&
                       o.device_type == p.device_type && o.device_index == p.device_index &&
                       o.out_dtype == p.out_dtype && o.has_bias == p.has_bias && o.bias_dtype == p.bias_dtype &&
-                      o.bias_sizes == p.bias_sizes && o.backend == p.backend && o.grouped == p.grouped &&
+                      o.bias_sizes == p.bias_sizes && o.weight_bias == p.weight_bias && o.backend == p.backend &&
+                      o.grouped == p.grouped &&
                       o.offsets_dtype == p.offsets_dtype && o.offsets_numel == p.offsets_numel;
     if (dead || same) {
       dropped.push_back(std::move(it->second));
@@ -323,7 +331,7 @@ TORCH_LIBRARY_FRAGMENT(humming_triton, m) {
       "_native_plan_add(Tensor x, Tensor data, Tensor scales, Tensor? zeros, Tensor? global_scale, "
       "Tensor? input_scale, Tensor? wbias, Tensor? k_perm, str scheme, int[] shape, Tensor? offsets, Tensor? bias, "
       "str backend, ScalarType? out_dtype, Tensor call, int launch, int error_string, int[] fields, int[] out_sizes, "
-      "ScalarType y_dtype, Tensor[] keep, int epoch) -> ()");
+      "ScalarType y_dtype, Tensor[] keep, bool weight_bias, int epoch) -> ()");
   m.def("_native_plans_reset() -> int");
   m.def("_native_plans_count() -> int");
   m.def("_native_plans_epoch() -> int");

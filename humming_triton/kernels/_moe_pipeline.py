@@ -23,11 +23,12 @@ def route_gather_kernel(ids_ptr, wts_ptr, hidden_ptr, xs_ptr, row_w_ptr, inv_ptr
     q = tl.program_id(0)
     idx = tl.arange(0, R_POW2)
     live = idx < R
-    ids = tl.load(ids_ptr + idx, mask=live, other=0).to(tl.int32)
-    ids = tl.where(live & (ids >= 0) & (ids < E), ids, E)  # out of range: after every expert
+    ids = tl.load(ids_ptr + idx, mask=live, other=0)
+    # out of range (tested in the ids' own dtype: an int64 id cast first could wrap into range): after every expert
+    ids = tl.where(live & (ids >= 0) & (ids < E), ids, E).to(tl.int32)
     if q < R:
-        e = tl.load(ids_ptr + q).to(tl.int32)
-        e = tl.where((e >= 0) & (e < E), e, E)
+        e = tl.load(ids_ptr + q)
+        e = tl.where((e >= 0) & (e < E), e, E).to(tl.int32)
         before = live & ((ids < e) | ((ids == e) & (idx < q)))
         p = tl.sum(before.to(tl.int32), axis=0)
         tl.store(inv_ptr + q, p)
@@ -55,8 +56,10 @@ def gated_activation_kernel(h_ptr, a_ptr, I, stride_h, stride_a, KIND: tl.conste
         up = tl.load(row + I + cols, mask=m, other=0.0)
         a = gate / (1.0 + tl.exp(-gate)) * up
     else:
-        gate = tl.minimum(tl.load(row + 2 * cols, mask=m, other=0.0), 7.0)
-        up = tl.minimum(tl.maximum(tl.load(row + 2 * cols + 1, mask=m, other=0.0), -7.0), 7.0)
+        nan = tl.PropagateNan.ALL  # as torch.clamp: a NaN stays NaN (the GPU's min / max would drop it)
+        gate = tl.minimum(tl.load(row + 2 * cols, mask=m, other=0.0), 7.0, propagate_nan=nan)
+        up = tl.minimum(tl.maximum(tl.load(row + 2 * cols + 1, mask=m, other=0.0), -7.0, propagate_nan=nan), 7.0,
+                        propagate_nan=nan)
         a = (up + 1.0) * gate * (1.0 / (1.0 + tl.exp(-1.702 * gate)))
     tl.store(a_ptr + r * stride_a + cols, a.to(a_ptr.dtype.element_ty), mask=m)
 
