@@ -17,7 +17,8 @@ import torch
 
 from .native import DecodeCall, check, current_stream, library
 
-__all__ = ["Packed", "weight_reason", "repack", "repack_experts", "run", "runner", "grouped_runner", "run_grouped", "emulate", "CHUNK", "MAX_M"]
+__all__ = ["Packed", "weight_reason", "repack", "repack_experts", "run", "runner", "grouped_runner", "run_grouped",
+           "emulate", "CHUNK", "MAX_M"]
 
 CHUNK = 64      # K per 16-byte load of int4 codes (one 64-wide chunk: four k16 mma steps)
 MAX_M = 16      # two n-tiles of 8 tokens

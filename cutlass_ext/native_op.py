@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ENV", "ON", "set_enabled", "enabled", "built", "unavailable", "epoch", "offer", "reset", "plans_count", "stats"]
+__all__ = ["ENV", "ON", "set_enabled", "enabled", "built", "unavailable", "epoch", "offer", "reset", "plans_count",
+           "stats"]
 
 ENV = "HUMMING_TRITON_NATIVE_OP"
 SOURCE = Path(__file__).resolve().parent / "csrc_op" / "native_op.cpp"
@@ -120,9 +121,10 @@ def offer(runner, x: torch.Tensor, args: tuple, bias: torch.Tensor | None, backe
     """Copy ``runner`` (the Python plan of this call) into the C++ table if it carries a native launch
     (``decode_mma.NativeLaunch``); ``args``: the op's weight arguments (``humming_triton.ops.weight_args``);
     ``made_at``: ``epoch()`` before the plan was made; ``offsets``: a grouped_linear call's row offsets (its plan
-    then serves ``grouped_linear_native``, and the launch must name where the offsets go).  Returns whether it was offered (the table still refuses a
-    plan of an older epoch or of inference-tensor weights).  The table holds the weight weakly and the launch's own
-    tensors strongly: when the weight is collected, its plans and those tensors go at once."""
+    then serves ``grouped_linear_native``, and the launch must name where the offsets go).  Returns whether it was
+    offered (the table still refuses a plan of an older epoch or of inference-tensor weights).  The table holds the
+    weight weakly and the launch's own tensors strongly: when the weight is collected, its plans and those tensors
+    go at once."""
     native = getattr(runner, "native", None)
     if native is None or _load() is not None or (offsets is not None) != (native.offsets[4] >= 0):
         return False

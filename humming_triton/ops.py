@@ -36,9 +36,9 @@ from .formats.scheme import PRESETS, ActQuant, QuantScheme
 from .formats.quantize import dequantize_weight
 from .formats.weight import QuantWeight
 
-__all__ = ["quant_linear_op", "quant_linear_nograd_op", "quant_linear_native_op", "fused_moe_nograd_op", "grouped_linear_nograd_op",
-           "grouped_linear_native_op", "grouped_linear_op", "fused_moe_op", "quantize_activation_op", "dequantize_op",
-           "weight_args", "quant_weight_from_args"]
+__all__ = ["quant_linear_op", "quant_linear_nograd_op", "quant_linear_native_op", "fused_moe_nograd_op",
+           "grouped_linear_nograd_op", "grouped_linear_native_op", "grouped_linear_op", "fused_moe_op",
+           "quantize_activation_op", "dequantize_op", "weight_args", "quant_weight_from_args"]
 
 _Tensor = torch.Tensor
 _OptT = Optional[torch.Tensor]
