@@ -177,4 +177,5 @@ def test_pipelined_moe_on_gpu(tokens, rng, monkeypatch):
             captured = mod(static, ids, wts)
         static.copy_(x * 2)
         graph.replay()
-        assert torch.equal(captured, mod(x * 2, ids, wts))  # deterministic: the replay is bit-identical
+        # the combine is deterministic; a grouped GEMM's split of K (stream-K) need not be: one bf16 rounding apart
+        torch.testing.assert_close(captured, mod(x * 2, ids, wts), rtol=2 ** -7, atol=2 ** -7)
