@@ -652,9 +652,17 @@ def test_grouped_native_op_on_gpu(scheme, rows, rng):
         torch.testing.assert_close(second, first, rtol=0, atol=0)
         check(second, x, offsets, "C++ hit")
         x, offsets = inputs()  # another routing, same signature
+        xg, og = x.cuda(), offsets.cuda()
         before = native_op.stats()
-        check(op(x, offsets), x, offsets, "another routing")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # a C++ hit never waits on the device
+        try:
+            routed = torch.ops.humming_triton.grouped_linear_native(xg, *weight_args(qg), og, None, "cuda",
+                                                                    torch.float32)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
         assert _hits_misses_since(before) == (1, 0)
+        check(routed, x, offsets, "another routing")
         qg.scales.copy_(qg.scales.roll(1, 1))
         qw.scales.copy_(qw.scales.roll(1, 1))
         check(op(x, offsets), x, offsets, "after an in-place edit")
