@@ -75,7 +75,8 @@ class MMADecodeGrouped(Family):
         y`` or None for an ``x`` / ``offsets`` it was not made for; None: repeats call ``run``.  Only for the
         weight-only kernel: a subclass whose ``operands`` quantize the activations (mma_decode_grouped_act) would
         run unquantized rows through it (the dense twin's bug, H200 headline at 6fc7cc7)."""
-        if type(self).operands is not MMADecodeGrouped.operands or x.dim() != 2 or x.shape[0] == 0 or not x.is_contiguous() or x.data_ptr() % 16:
+        if type(self).operands is not MMADecodeGrouped.operands or x.dim() != 2 or x.shape[0] == 0 or \
+                not x.is_contiguous() or x.data_ptr() % 16:
             return None
         return dm.grouped_runner(packed_experts(qw), x.dtype, x.device, x.shape[0], offsets.dtype, bias, qw.bias
                                  if bias is None else None, out_dtype or x.dtype, kw=cfg.split_k,
