@@ -169,8 +169,26 @@ def _room_for_every_graph():
     return cfg.patch(**patch)
 
 
+@contextlib.contextmanager
+def every_switch_off():
+    """Every switch of humming_triton/switches.py off for the duration: the baseline variants (eager / graph /
+    compile) run the Python host path and the torch MoE steps whatever this device's table turns on, and each
+    opt-in variant turns its own switch on (``switched_on``) -- a same-run A/B of that path alone."""
+    from cutlass_ext import native_op
+    from humming_triton.kernels import compiled, moe
+    modules = (native_op, compiled, moe)
+    before = [m.ON for m in modules]
+    for m in modules:
+        m.set_enabled(False)
+    try:
+        yield
+    finally:
+        for m, on in zip(modules, before):
+            m.set_enabled(on)
+
+
 def run(args) -> dict:
-    with _room_for_every_graph():
+    with _room_for_every_graph(), every_switch_off():
         return _run(args)
 
 

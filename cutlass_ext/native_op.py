@@ -1,6 +1,7 @@
 """The C++ kernels of ``humming_triton::quant_linear_native`` and ``grouped_linear_native``
 (csrc_op/native_op.cpp): a planned decode call with no Python on its host path, for compiled graphs (issue 14).
-Opt-in (``HUMMING_TRITON_NATIVE_OP=1`` at import, or ``set_enabled(True)``) until it is timed on the H200.
+A switch (humming_triton/switches.py): on where the device's measured table says so (the H100's, from session 35;
+not yet the H200's), or by ``HUMMING_TRITON_NATIVE_OP=1`` at import / ``set_enabled(True)``.
 
 The kernels are built against the running torch on first use (``torch.utils.cpp_extension``: a C++ compiler and
 ninja, ~20 s on 2 cores, cached per torch version and source); a build that fails leaves the ops on their Python
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import re
 import weakref
 from pathlib import Path
 
 import torch
+
+from humming_triton import switches
 
 __all__ = ["ENV", "ON", "set_enabled", "enabled", "built", "unavailable", "epoch", "offer", "reset", "plans_count",
            "stats"]
@@ -46,17 +48,27 @@ def unavailable() -> str | None:
     return _load()
 
 
-# The switch: the environment's at import, ``set_enabled`` after.  Modules read ``native_op.ON`` itself in their
-# forward: dynamo guards a module global's value, so graphs traced with the switch on and off coexist and each call
-# runs the one of the switch's value now.  (A read of os.environ, or a function of it folded as a constant, is not
-# guarded: a module compiled with the switch off kept its graph when it was turned on -- and so did every copy of
-# it, whose graphs dynamo shares -- which is how benchmarks.e2e's A/B of session 20 timed the default twice.)
-ON = os.environ.get(ENV, "0") == "1"
+# The switch (humming_triton/switches.py): the environment's at import, ``set_enabled`` after; None: the device's
+# measured table decides.  Modules call ``enabled()``, which dynamo inlines: it guards the module global's value, so
+# graphs traced with the switch on and off coexist and each call runs the one of the switch's value now.  (A read
+# of os.environ, or a function of it folded as a constant, is not guarded: a module compiled with the switch off
+# kept its graph when it was turned on -- and so did every copy of it, whose graphs dynamo shares -- which is how
+# benchmarks.e2e's A/B of session 20 timed the default twice.)
+ON = switches.from_env(ENV)
 
 
-def set_enabled(on: bool) -> None:
+def set_enabled(on: bool | None) -> None:
+    """True / False: the native ops on / off from now on; None: as the device's measured table says."""
     global ON
-    ON = bool(on)
+    ON = None if on is None else bool(on)
+
+
+# the device's verdict, folded by torch.compile as a constant at trace time (one device per process)
+def _measured() -> bool:
+    return switches.measured("native_op")
+
+
+measured = torch._dynamo.assume_constant_result(_measured)
 
 
 def _built() -> bool:
@@ -68,8 +80,9 @@ built = torch._dynamo.assume_constant_result(_built)
 
 
 def enabled() -> bool:
-    """Whether modules call the native ops: the switch is on and the kernel built (the first call may build it)."""
-    return ON and built()
+    """Whether modules call the native ops: the switch is on (or, unset, the device's table turns it on) and the
+    kernel built (the first call may build it)."""
+    return (ON if ON is not None else measured()) and built()
 
 
 def _loaded() -> bool:  # without building: a table exists only once the kernel was loaded

@@ -10,11 +10,11 @@ GPU time wins -- traces to the ordinary ``quant_linear_nograd`` op.
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 
+from .. import switches
 from ..calls import Call
 from ..formats.scheme import QuantScheme
 from .format_args import format_constexprs
@@ -24,18 +24,26 @@ __all__ = ["ENV", "ON", "set_enabled", "enabled", "quant_linear_triton_op", "tri
 
 
 ENV = "HUMMING_TRITON_COMPILE_TRITON"
-# The switch (the environment's at import, ``set_enabled`` after), read by QuantLinear.forward as ``compiled.ON``:
-# dynamo guards a module global's value, not a read of os.environ (cutlass_ext/native_op.py says what that cost)
-ON = os.environ.get(ENV, "0") == "1"
+# The switch (humming_triton/switches.py: the environment's at import, ``set_enabled`` after, None: the device's
+# measured table decides), read by QuantLinear.forward through ``enabled()``: dynamo guards the module global's
+# value, not a read of os.environ (cutlass_ext/native_op.py says what that cost)
+ON = switches.from_env(ENV)
 
 
-def set_enabled(on: bool) -> None:
+def set_enabled(on: bool | None) -> None:
     global ON
-    ON = bool(on)
+    ON = None if on is None else bool(on)
+
+
+def _measured() -> bool:
+    return switches.measured("compile_triton")
+
+
+measured = torch._dynamo.assume_constant_result(_measured)  # folded at trace time (one device per process)
 
 
 def enabled() -> bool:
-    return ON
+    return ON if ON is not None else measured()
 
 
 def _capturing_cuda_graphs() -> bool:

@@ -4,16 +4,16 @@ decode kernel at a few rows per expert, Triton's grouped tiles, dequantize + ``t
 grouped tiles where the caller asked for ``backend="triton"`` -- no host sync anywhere, so the whole call can be
 captured in a CUDA graph (the reference backend's grouped GEMM syncs with the host).
 
-Opt-in (``ON``: ``HUMMING_TRITON_MOE_PIPELINE=1`` at import, or ``set_enabled``; untimed on a GPU): the steps
-around the GEMMs as three Triton launches (``_moe_pipeline.py``: route + gather, gated activation, weighted
+A switch (``ON``, humming_triton/switches.py: on where the device's measured table says so -- the H100's, from
+session 35 -- or by ``HUMMING_TRITON_MOE_PIPELINE=1`` / ``set_enabled``): the steps around the GEMMs as three Triton launches (``_moe_pipeline.py``: route + gather, gated activation, weighted
 combine) instead of ~15 torch kernels, for up to ``PIPELINE_MAX_ROWS`` routed rows."""
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 
+from .. import switches
 from ..formats.weight import QuantWeight
 from ..reference import moe_forward
 from ._moe_pipeline import combine_kernel, gated_activation_kernel, route_gather_kernel
@@ -22,14 +22,26 @@ from .grouped import triton_grouped_linear
 __all__ = ["triton_fused_moe", "pipelined_moe_forward", "ENV", "ON", "set_enabled", "PIPELINE_MAX_ROWS"]
 
 ENV = "HUMMING_TRITON_MOE_PIPELINE"
-ON = os.environ.get(ENV, "0") == "1"  # the pipeline switch (a module global, as cutlass_ext.native_op's)
+ON = switches.from_env(ENV)  # the pipeline switch (switches.py; a module global, as cutlass_ext.native_op's)
 PIPELINE_MAX_ROWS = 4096  # the route kernel holds every routed row's expert id in one vector per program
 _ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}
 
 
-def set_enabled(on: bool) -> None:
+def set_enabled(on: bool | None) -> None:
+    """True / False: the pipeline on / off from now on; None: as the device's measured table says."""
     global ON
-    ON = bool(on)
+    ON = None if on is None else bool(on)
+
+
+def _measured() -> bool:
+    return switches.measured("moe_pipeline")
+
+
+measured = torch._dynamo.assume_constant_result(_measured)  # folded at trace time (one device per process)
+
+
+def enabled() -> bool:
+    return ON if ON is not None else measured()
 
 
 def pipelined_moe_forward(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight, topk_weights: torch.Tensor,
@@ -76,12 +88,12 @@ def triton_fused_moe(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight, to
 
     from ..linear import grouped_linear
     from ..ops import weight_args
-    if measured and native_op.ON and native_op.built():  # opt-in: each planned grouped call's host path in C++
+    if measured and native_op.enabled():  # opt-in: each planned grouped call's host path in C++
         gemm = lambda x, qw, offsets: torch.ops.humming_triton.grouped_linear_native(  # noqa: E731
             x, *weight_args(qw), offsets, None, "auto", torch.float32)
     elif measured:
         gemm = lambda x, qw, offsets: grouped_linear(x, qw, offsets, out_dtype=torch.float32)  # noqa: E731
     else:
         gemm = lambda x, qw, offsets: triton_grouped_linear(x, qw, offsets, out_dtype=torch.float32)  # noqa: E731
-    forward = pipelined_moe_forward if ON else moe_forward
+    forward = pipelined_moe_forward if enabled() else moe_forward
     return forward(hidden, w13, w2, topk_weights, topk_ids, activation, gemm)

@@ -64,16 +64,16 @@ class QuantLinear(QuantBuffersMixin, nn.Module):
         # the bias goes in the op's override slot, so the QuantWeight rebuilt inside stays bias-free and cached
         args = self._weight_args("weight", None)
         if eager_direct(x):  # eager inference: the op's own body, without the dispatcher's custom-op layer
-            if native_op.ON and native_op.built():  # opt-in: a planned call's host path in C++ here too
+            if native_op.enabled():  # a planned call's host path in C++ here too (switches.py: where it is on)
                 return torch.ops.humming_triton.quant_linear_native(x, *args, self.bias, self.backend, None)
             return quant_linear(x, quant_weight_from_args(*args), self.bias, self.backend, None)
         bias = self.bias
         if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
             return torch.ops.humming_triton.quant_linear(x, *args, bias, self.backend, None)
-        # the opt-in switches are read as module globals: dynamo guards their values (native_op.py)
-        if compiled.ON and x.is_cuda:  # opt-in: inductor launches the Triton kernel itself
+        # the switches are module globals that dynamo guards, or the device's measured verdict (switches.py)
+        if compiled.enabled() and x.is_cuda:  # inductor launches the Triton kernel itself
             return torch.ops.humming_triton.quant_linear_triton(x, *args, bias, self.backend)
-        if native_op.ON and native_op.built():  # opt-in: a planned native decode call with its host path in C++
+        if native_op.enabled():  # a planned native decode call with its host path in C++
             return torch.ops.humming_triton.quant_linear_native(x, *args, bias, self.backend, None)
         # no gradient wanted (compiled inference): the op without the autograd layer (ops.py)
         return torch.ops.humming_triton.quant_linear_nograd(x, *args, bias, self.backend, None)

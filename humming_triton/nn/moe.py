@@ -177,6 +177,6 @@ class _Experts:
 
 def _grouped_nograd(x: torch.Tensor, w: _Experts, offsets: torch.Tensor) -> torch.Tensor:
     # backend auto: each GEMM the measured table's choice, as the fused op's auto path runs them
-    if native_op.ON and native_op.built():  # opt-in (a guarded global: native_op.py): the host path in C++
+    if native_op.enabled():  # the host path in C++ (a guarded global or the device's table: native_op.py)
         return torch.ops.humming_triton.grouped_linear_native(x, *w.args, offsets, None, "auto", torch.float32)
     return torch.ops.humming_triton.grouped_linear_nograd(x, *w.args, offsets, None, "auto", torch.float32)

@@ -1,0 +1,103 @@
+"""The switches of paths that are not the default everywhere (humming_triton/switches.py): the environment, then
+``set_enabled``, then the device's measured table; and the committed tables' ``switches`` sections themselves."""
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import humming_triton as ht
+from cutlass_ext import native_op
+from humming_triton import capability, dispatch, switches
+from humming_triton.kernels import compiled, moe
+from humming_triton.nn import QuantLinear
+
+SWITCHES = {"native_op": native_op, "moe_pipeline": moe, "compile_triton": compiled}
+TABLES = Path(__file__).resolve().parents[1] / "autotune_configs"
+
+
+@pytest.mark.parametrize("value,want", [("1", True), ("0", False), ("", None), (None, None)])
+def test_the_environment_sets_a_switch_or_leaves_it_to_the_device(value, want, monkeypatch):
+    if value is None:
+        monkeypatch.delenv("HT_TEST_SWITCH", raising=False)
+    else:
+        monkeypatch.setenv("HT_TEST_SWITCH", value)
+    assert switches.from_env("HT_TEST_SWITCH") is want
+
+
+def test_a_bad_environment_value_is_named(monkeypatch):
+    monkeypatch.setenv("HT_TEST_SWITCH", "yes")
+    with pytest.raises(ValueError, match="HT_TEST_SWITCH='yes'.*1 \\(on\\), 0 \\(off\\)"):
+        switches.from_env("HT_TEST_SWITCH")
+
+
+@pytest.fixture
+def posed_table(tmp_path, monkeypatch):
+    """A device "posed_gpu" whose table turns the MoE pipeline and the native op on, and says compile_triton off."""
+    table = {"device": "posed", "dispatch": {}, "switches": {
+        "moe_pipeline": {"on": True, "evidence": "test"}, "native_op": {"on": True, "evidence": "test"},
+        "compile_triton": {"on": False, "evidence": "test"}}}
+    (tmp_path / "posed_gpu.json").write_text(json.dumps(table))
+    monkeypatch.setattr(dispatch, "CONFIG_DIR", tmp_path)
+    for module in SWITCHES.values():
+        monkeypatch.setattr(module, "ON", None)
+    dispatch.clear_caches()
+    facts = capability.DeviceFacts((9, 0), 132, 227 * 1024, "posed GPU", "posed_gpu")
+    with capability.pose_as(facts):
+        yield
+    dispatch.clear_caches()
+
+
+def test_an_unset_switch_follows_the_devices_table(posed_table):
+    assert moe.enabled() and compiled.enabled() is False
+    assert native_op.enabled() == (native_op.unavailable() is None)  # on, where its C++ kernel builds
+    moe.set_enabled(False)  # an explicit setting wins over the table ...
+    assert not moe.enabled()
+    moe.set_enabled(None)  # ... and None hands the choice back to it
+    assert moe.enabled()
+
+
+def test_a_device_without_a_table_entry_keeps_every_switch_off(monkeypatch):
+    for module in SWITCHES.values():
+        monkeypatch.setattr(module, "ON", None)
+    for sm in ((9, 0), (8, 0), (10, 0)):  # posed devices of the committed tables (or none)
+        with capability.pose_as(capability.facts_for_sm(sm)):
+            slug = capability.device_facts().slug
+            for name, module in SWITCHES.items():
+                entry = switches.measured_switches(slug).get(name)
+                assert module.enabled() is bool(entry and entry["on"] and
+                                                (module is not native_op or native_op.unavailable() is None))
+    assert not any(m.enabled() for m in SWITCHES.values())  # the CPU: no device, no table
+
+
+def test_a_compiled_module_follows_the_devices_table_and_then_the_switch(posed_table):
+    """With the switch unset, a compiled QuantLinear's graph takes the path the device's table turns on (folded
+    at trace time); setting the switch (a guarded global) retraces."""
+    if native_op.unavailable() is not None:
+        pytest.skip(native_op.unavailable())
+    qw = ht.quantize_weight(torch.randn(24, 256), "w4a16")
+    mod, x = QuantLinear(qw), torch.randn(3, 256)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if str(n.target).startswith("humming_triton.")})
+        return gm
+    torch._dynamo.reset()
+    with torch.no_grad():
+        fn = torch.compile(copy.deepcopy(mod), fullgraph=True, backend=capture)
+        fn(x)
+        native_op.set_enabled(False)
+        fn(x)
+    assert graphs == [{"humming_triton.quant_linear_native"}, {"humming_triton.quant_linear_nograd"}], graphs
+
+
+@pytest.mark.parametrize("table", sorted(TABLES.glob("*.json")), ids=lambda p: p.stem)
+def test_committed_switch_entries_say_what_was_measured(table):
+    """Each entry of a committed table's ``switches`` names a known path, says on or off, and carries its evidence
+    (the same-run A/B on that device: numbers and the commit they were measured at)."""
+    data = json.loads(table.read_text())
+    for name, entry in data.get("switches", {}).items():
+        assert name in SWITCHES, f"{table.name}: unknown switch {name!r}"
+        assert isinstance(entry.get("on"), bool), f"{table.name}: {name} has no on / off"
+        assert len(entry.get("evidence", "")) > 40 and entry.get("commit"), f"{table.name}: {name} has no evidence"
