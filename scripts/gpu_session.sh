@@ -61,7 +61,7 @@
 #   demo    python3 -m humming_triton.demo --backend triton                                -> demo.txt
 #   e2e     decode tokens/s vs bf16: dense Llama ($E2E_SCHEMES) and Qwen3-MoE (eager, CUDA graph, torch.compile);
 #           E2E_GENERATE=1 adds HF generate with a static KV cache (eager and compiled)
-#                                                                                          -> e2e.txt, e2e_*.json
+#           and benchmarks.switch_verdicts over the runs                  -> e2e.txt, e2e_*.json, switch_verdicts.txt
 #   bench   the headline benchmark with peers                                              -> bench/ (4 files)
 #   decode  the decode-batch benchmark (M = 1..16) and the W4A4 rows, with peers               -> decode/
 #   act     the activation-quantized suite (W8A8 / W4A8 at 8192², M = 1..4096), with peers         -> act/
@@ -269,6 +269,9 @@ for step in $STEPS; do
         --out "$OUT/e2e_llama.json" > "$OUT/e2e.txt" 2>&1
       [ -n "${E2E_DENSE_ONLY:-}" ] || timeout -k 5 ${E2E_MOE_S:-110} python3 -m benchmarks.e2e ${E2E_COMPILE---compile} --model qwen3_moe --hidden 2048 --layers 4 \
         --backend ${E2E_MOE_BACKEND:-auto} --schemes w4a16,mxfp4 ${E2E_MOE_EXTRA:-} --out "$OUT/e2e_moe.json" >> "$OUT/e2e.txt" 2>&1
+      # which switches this device's table should turn on (commit the verdicts with --write on the CPU)
+      python3 -m benchmarks.switch_verdicts $(ls "$OUT"/e2e_llama.json "$OUT"/e2e_moe.json 2>/dev/null) \
+        --commit "${HT_GIT_COMMIT:-unknown}" > "$OUT/switch_verdicts.txt" 2>&1
       # HF generate with a static KV cache, eager and compiled (reduce-overhead), decode tokens/s vs bf16
       [ -z "${E2E_GENERATE:-}" ] || timeout -k 5 ${E2E_GENERATE_S:-150} python3 -m benchmarks.e2e --generate \
         --schemes ${E2E_SCHEMES:-w4a16,w8a16,mxfp4} --out "$OUT/e2e_generate.json" >> "$OUT/e2e.txt" 2>&1 ;;

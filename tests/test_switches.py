@@ -101,3 +101,53 @@ def test_committed_switch_entries_say_what_was_measured(table):
         assert name in SWITCHES, f"{table.name}: unknown switch {name!r}"
         assert isinstance(entry.get("on"), bool), f"{table.name}: {name} has no on / off"
         assert len(entry.get("evidence", "")) > 40 and entry.get("commit"), f"{table.name}: {name} has no evidence"
+
+
+def _record(model, scheme, **times_ms):
+    return {"model": model, "scheme": scheme, **{k + "_s": v / 1e3 for k, v in times_ms.items()}}
+
+
+def test_switch_verdicts_need_a_gain_and_no_loss():
+    from benchmarks.switch_verdicts import verdicts
+    run = {"device": "GPU", "records": [
+        _record("llama", "bf16", eager=4.6, compile=2.3),  # no variant: no comparison
+        _record("llama", "w4a16", eager=4.8, eager_native=4.5, compile=3.1, compile_native=2.2, compile_triton=2.9),
+        _record("qwen3_moe", "w4a16", eager=6.7, eager_pipeline=6.8, graph=0.90, graph_pipeline=0.76)]}
+    v = verdicts([run])
+    assert v["native_op"]["on"] and len(v["native_op"]["rows"]) == 2
+    assert not v["moe_pipeline"]["on"]  # 1.18x graphed, but eager 1.5 % slower: past the 1 % loss allowed
+    assert v["moe_pipeline"]["worst"] == pytest.approx(6.7 / 6.8)
+    assert not v["compile_triton"]["on"]  # faster than the default compile, slower than the native op
+    assert "compile_triton" not in verdicts([{"records": [_record("llama", "w4a16", eager=1.0, compile=1.0)]}])
+
+
+def test_switch_verdicts_write_only_their_own_device_table(tmp_path):
+    from benchmarks.switch_verdicts import main
+    run = tmp_path / "e2e.json"
+    run.write_text(json.dumps({"device": "GPU A", "records": [
+        _record("llama", "w4a16", eager=4.8, eager_native=4.4, compile=3.1, compile_native=2.2)]}))
+    table = tmp_path / "gpu_a.json"
+    table.write_text(json.dumps({"device": "GPU A", "dispatch": {"k": 1},
+                                 "switches": {"moe_pipeline": {"on": True, "commit": "x", "evidence": "kept"}}}))
+    assert main([str(run), "--commit", "abc1234", "--write", str(table)]) == 0
+    data = json.loads(table.read_text())
+    assert data["dispatch"] == {"k": 1} and data["switches"]["moe_pipeline"]["evidence"] == "kept"
+    assert data["switches"]["native_op"]["on"] and "abc1234" in data["switches"]["native_op"]["evidence"]
+    other = tmp_path / "gpu_b.json"
+    other.write_text(json.dumps({"device": "GPU B"}))
+    assert main([str(run), "--commit", "abc1234", "--write", str(other)]) == 2  # another device's table
+    assert "switches" not in json.loads(other.read_text())
+
+
+@pytest.mark.parametrize("table", sorted(TABLES.glob("*.json")), ids=lambda p: p.stem)
+def test_committed_switch_verdicts_follow_from_their_evidence(table):
+    """Each committed verdict is what benchmarks.switch_verdicts derives from the e2e results its evidence names."""
+    import re
+
+    from benchmarks.switch_verdicts import verdicts
+    repo = TABLES.parent
+    for name, entry in json.loads(table.read_text()).get("switches", {}).items():
+        files = re.findall(r"benchmarks/results/\S+?\.json", entry["evidence"])
+        assert files, f"{table.name}: {name}'s evidence names no committed e2e results"
+        results = [json.loads((repo / f).read_text()) for f in files]
+        assert verdicts(results)[name]["on"] is entry["on"], f"{table.name}: {name}"
