@@ -6,7 +6,9 @@ Each switch is judged on every comparison the runs hold (per model and scheme: t
 against the baseline with every switch off, both times from the same interleaved rounds).  On only when the
 geometric mean of its speedups reaches ``--min-gain`` and no single comparison is slower than ``--max-loss``
 allows; ``compile_triton`` must also beat ``compile_native`` where both ran (QuantLinear takes it first).  A
-switch with no comparison in the runs gets no verdict (its table entry, if any, is kept).  ``--write`` replaces the
+switch with no comparison in the runs gets no verdict (its table entry, if any, is kept).  Each verdict records
+``max_tokens``, the largest batch the runs timed: a path whose kernels change with the token count (the MoE
+pipeline) is on only up to it (humming_triton/switches.py).  ``--write`` replaces the
 table's ``switches`` entries it has a verdict for, each with its numbers and the commit as evidence.
 """
 from __future__ import annotations
@@ -26,22 +28,23 @@ COMPARISONS = {
 
 
 def verdicts(results: list[dict], min_gain: float = 1.03, max_loss: float = 0.99) -> dict:
-    """switch -> {"on": bool, "gain": geometric-mean speedup, "worst": smallest speedup, "rows": [...]}."""
+    """switch -> {"on", "gain": geometric-mean speedup, "worst": smallest speedup, "rows": [...], "max_tokens"}."""
     out = {}
     for switch, pairs in COMPARISONS.items():
-        rows = []
+        rows, batches = [], []
         for result in results:
             for rec in result.get("records", []):
                 for variant, base in pairs:
                     if rec.get(variant) and rec.get(base):
-                        rows.append((f"{rec['model']} {rec['scheme']} {variant[:-2]} vs {base[:-2]}",
-                                     rec[base], rec[variant]))
+                        rows.append((f"{rec['model']} {rec['scheme']} batch {rec.get('batch', 1)} {variant[:-2]} "
+                                     f"vs {base[:-2]}", rec[base], rec[variant]))
+                        batches.append(int(rec.get("batch", 1)))
         if not rows:
             continue
         speedups = [b / v for _, b, v in rows]
         gain = math.exp(sum(map(math.log, speedups)) / len(speedups))
         out[switch] = {"on": gain >= min_gain and min(speedups) >= max_loss, "gain": gain, "worst": min(speedups),
-                       "rows": rows}
+                       "rows": rows, "max_tokens": max(batches)}  # decode steps: tokens per call = batch
     return out
 
 
@@ -81,7 +84,7 @@ def main(argv=None) -> int:
         source = ", ".join(args.results)
         section = table.setdefault("switches", {})
         for switch, v in found.items():
-            section[switch] = {"on": v["on"], "commit": args.commit,
+            section[switch] = {"on": v["on"], "commit": args.commit, "max_tokens": v["max_tokens"],
                                "evidence": evidence(v, device, args.commit, source)}
         path.write_text(json.dumps(table, indent=1) + "\n")
         print(f"wrote {len(found)} switch verdict(s) to {path}")

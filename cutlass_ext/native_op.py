@@ -64,11 +64,12 @@ def set_enabled(on: bool | None) -> None:
 
 
 # the device's verdict, folded by torch.compile as a constant at trace time (one device per process)
-def _measured() -> bool:
-    return switches.measured("native_op")
+def _table_tokens() -> int:
+    return switches.measured_tokens("native_op")
 
 
-measured = torch._dynamo.assume_constant_result(_measured)
+# folded at trace time (one device per process)
+table_tokens = torch._dynamo.assume_constant_result(_table_tokens)
 
 
 def _built() -> bool:
@@ -79,10 +80,11 @@ def _built() -> bool:
 built = torch._dynamo.assume_constant_result(_built)
 
 
-def enabled() -> bool:
-    """Whether modules call the native ops: the switch is on (or, unset, the device's table turns it on) and the
-    kernel built (the first call may build it)."""
-    return (ON if ON is not None else measured()) and built()
+def enabled(tokens: int) -> bool:
+    """Whether modules call the native ops for a call of ``tokens`` tokens: the switch is on (or, unset, the
+    device's table turns it on up to the tokens per call its A/B timed) and the kernel built (the first call may
+    build it)."""
+    return (ON if ON is not None else tokens <= table_tokens()) and built()
 
 
 def _loaded() -> bool:  # without building: a table exists only once the kernel was loaded

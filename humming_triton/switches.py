@@ -5,8 +5,9 @@ A switch (``cutlass_ext.native_op``: the C++ host path of planned calls; ``kerne
 
 - ``True`` / ``False``: set by the environment at import (``<ENV>=1`` / ``0``) or by ``set_enabled`` after;
 - ``None`` (neither said): the current device's measured table decides -- its ``switches`` section
-  (``autotune_configs/<device-slug>.json``) names the paths that a same-run A/B on that device (benchmarks.e2e)
-  found faster than the default.  A device without a table, or whose table does not name the path, keeps it off:
+  (``autotune_configs/<device-slug>.json``) names the paths that a same-run A/B on that device (benchmarks.e2e,
+  judged by benchmarks.switch_verdicts) found faster than the default, up to the tokens per call it ran
+  (``max_tokens``: the native op and the MoE pipeline take the token count of the call).  A device without a table, or whose table does not name the path, keeps it off:
   nothing untimed on a device becomes its default.
 
 Modules read ``module.ON`` in their forward (dynamo guards a module global's value: graphs for each value coexist);
@@ -17,10 +18,11 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sys
 
 from . import state_watch
 
-__all__ = ["from_env", "measured", "measured_switches"]
+__all__ = ["from_env", "measured", "measured_tokens", "measured_switches"]
 
 _MEASURED: dict[str, bool] = {}  # name -> the current device's verdict (a forward asks on every eager call)
 
@@ -50,6 +52,16 @@ def measured(name: str) -> bool:
         entry = measured_switches(device_facts().slug).get(name)
         hit = _MEASURED[name] = bool(entry and entry.get("on"))
     return hit
+
+
+def measured_tokens(name: str) -> int:
+    """Up to how many tokens per call the current device's table turns the path ``name`` on: its entry's
+    ``max_tokens`` (the largest batch its A/B ran: a path is on by default only at sizes it was timed at),
+    unbounded for an entry without one, 0 where it is off."""
+    if not measured(name):
+        return 0
+    from .capability import device_facts
+    return int(measured_switches(device_facts().slug)[name].get("max_tokens", sys.maxsize))
 
 
 def _forget() -> None:  # a table reloaded (dispatch.clear_caches) or a posed device

@@ -17,6 +17,10 @@ SWITCHES = {"native_op": native_op, "moe_pipeline": moe, "compile_triton": compi
 TABLES = Path(__file__).resolve().parents[1] / "autotune_configs"
 
 
+def _on(module, tokens: int = 1) -> bool:
+    return module.enabled() if module is compiled else module.enabled(tokens)
+
+
 @pytest.mark.parametrize("value,want", [("1", True), ("0", False), ("", None), (None, None)])
 def test_the_environment_sets_a_switch_or_leaves_it_to_the_device(value, want, monkeypatch):
     if value is None:
@@ -50,12 +54,22 @@ def posed_table(tmp_path, monkeypatch):
 
 
 def test_an_unset_switch_follows_the_devices_table(posed_table):
-    assert moe.enabled() and compiled.enabled() is False
-    assert native_op.enabled() == (native_op.unavailable() is None)  # on, where its C++ kernel builds
+    assert moe.enabled(1) and moe.enabled(4096) and compiled.enabled() is False  # no max_tokens: unbounded
+    assert native_op.enabled(1) == (native_op.unavailable() is None)  # on, where its C++ kernel builds
     moe.set_enabled(False)  # an explicit setting wins over the table ...
-    assert not moe.enabled()
+    assert not moe.enabled(1)
     moe.set_enabled(None)  # ... and None hands the choice back to it
-    assert moe.enabled()
+    assert moe.enabled(1)
+
+
+def test_a_table_verdict_holds_up_to_the_tokens_it_was_timed_at(posed_table, tmp_path):
+    table = json.loads((tmp_path / "posed_gpu.json").read_text())
+    table["switches"]["moe_pipeline"]["max_tokens"] = 8
+    (tmp_path / "posed_gpu.json").write_text(json.dumps(table))
+    dispatch.clear_caches()
+    assert moe.enabled(1) and moe.enabled(8) and not moe.enabled(9)
+    moe.set_enabled(True)  # forced on: every size
+    assert moe.enabled(9)
 
 
 def test_a_device_without_a_table_entry_keeps_every_switch_off(monkeypatch):
@@ -66,9 +80,9 @@ def test_a_device_without_a_table_entry_keeps_every_switch_off(monkeypatch):
             slug = capability.device_facts().slug
             for name, module in SWITCHES.items():
                 entry = switches.measured_switches(slug).get(name)
-                assert module.enabled() is bool(entry and entry["on"] and
-                                                (module is not native_op or native_op.unavailable() is None))
-    assert not any(m.enabled() for m in SWITCHES.values())  # the CPU: no device, no table
+                assert _on(module) is bool(entry and entry["on"] and
+                                           (module is not native_op or native_op.unavailable() is None))
+    assert not any(_on(m) for m in SWITCHES.values())  # the CPU: no device, no table
 
 
 def test_a_compiled_module_follows_the_devices_table_and_then_the_switch(posed_table):
@@ -133,6 +147,7 @@ def test_switch_verdicts_write_only_their_own_device_table(tmp_path):
     data = json.loads(table.read_text())
     assert data["dispatch"] == {"k": 1} and data["switches"]["moe_pipeline"]["evidence"] == "kept"
     assert data["switches"]["native_op"]["on"] and "abc1234" in data["switches"]["native_op"]["evidence"]
+    assert data["switches"]["native_op"]["max_tokens"] == 1  # the records' batch
     other = tmp_path / "gpu_b.json"
     other.write_text(json.dumps({"device": "GPU B"}))
     assert main([str(run), "--commit", "abc1234", "--write", str(other)]) == 2  # another device's table

@@ -33,15 +33,18 @@ def set_enabled(on: bool | None) -> None:
     ON = None if on is None else bool(on)
 
 
-def _measured() -> bool:
-    return switches.measured("moe_pipeline")
+def _table_tokens() -> int:
+    return switches.measured_tokens("moe_pipeline")
 
 
-measured = torch._dynamo.assume_constant_result(_measured)  # folded at trace time (one device per process)
+# folded at trace time (one device per process)
+table_tokens = torch._dynamo.assume_constant_result(_table_tokens)
 
 
-def enabled() -> bool:
-    return ON if ON is not None else measured()
+def enabled(tokens: int) -> bool:
+    """Whether a fused MoE call of ``tokens`` tokens runs the pipeline: the switch if set, else the device's table,
+    up to the most tokens per call its A/B timed (the pipeline's kernels change with the row count)."""
+    return ON if ON is not None else tokens <= table_tokens()
 
 
 def pipelined_moe_forward(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight, topk_weights: torch.Tensor,
@@ -88,12 +91,12 @@ def triton_fused_moe(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight, to
 
     from ..linear import grouped_linear
     from ..ops import weight_args
-    if measured and native_op.enabled():  # opt-in: each planned grouped call's host path in C++
+    if measured and native_op.enabled(topk_ids.shape[0]):  # each planned grouped call's host path in C++
         gemm = lambda x, qw, offsets: torch.ops.humming_triton.grouped_linear_native(  # noqa: E731
             x, *weight_args(qw), offsets, None, "auto", torch.float32)
     elif measured:
         gemm = lambda x, qw, offsets: grouped_linear(x, qw, offsets, out_dtype=torch.float32)  # noqa: E731
     else:
         gemm = lambda x, qw, offsets: triton_grouped_linear(x, qw, offsets, out_dtype=torch.float32)  # noqa: E731
-    forward = pipelined_moe_forward if enabled() else moe_forward
+    forward = pipelined_moe_forward if enabled(topk_ids.shape[0]) else moe_forward
     return forward(hidden, w13, w2, topk_weights, topk_ids, activation, gemm)

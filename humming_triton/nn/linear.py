@@ -64,7 +64,7 @@ class QuantLinear(QuantBuffersMixin, nn.Module):
         # the bias goes in the op's override slot, so the QuantWeight rebuilt inside stays bias-free and cached
         args = self._weight_args("weight", None)
         if eager_direct(x):  # eager inference: the op's own body, without the dispatcher's custom-op layer
-            if native_op.enabled():  # a planned call's host path in C++ here too (switches.py: where it is on)
+            if native_op.enabled(x.numel() // x.shape[-1]):  # a planned call's host path in C++ (switches.py)
                 return torch.ops.humming_triton.quant_linear_native(x, *args, self.bias, self.backend, None)
             return quant_linear(x, quant_weight_from_args(*args), self.bias, self.backend, None)
         bias = self.bias
@@ -73,7 +73,7 @@ class QuantLinear(QuantBuffersMixin, nn.Module):
         # the switches are module globals that dynamo guards, or the device's measured verdict (switches.py)
         if compiled.enabled() and x.is_cuda:  # inductor launches the Triton kernel itself
             return torch.ops.humming_triton.quant_linear_triton(x, *args, bias, self.backend)
-        if native_op.enabled():  # a planned native decode call with its host path in C++
+        if native_op.enabled(x.numel() // x.shape[-1]):  # a planned native decode call's host path in C++
             return torch.ops.humming_triton.quant_linear_native(x, *args, bias, self.backend, None)
         # no gradient wanted (compiled inference): the op without the autograd layer (ops.py)
         return torch.ops.humming_triton.quant_linear_nograd(x, *args, bias, self.backend, None)

@@ -153,8 +153,8 @@ class QuantMoE(QuantBuffersMixin, nn.Module):
             y = torch.ops.humming_triton.fused_moe(h, *w13, *w2, top_k_weights, top_k_index, self.activation,
                                                    self.backend)  # raises if backpropagated through (ops.py)
         elif self.backend == "auto":  # compiled inference: routing, activation and reduction in the graph
-            y = moe_forward(h, _Experts(w13), _Experts(w2), top_k_weights, top_k_index, self.activation,
-                            _grouped_nograd)
+            gemm = _grouped_native if native_op.enabled(top_k_index.shape[0]) else _grouped_nograd
+            y = moe_forward(h, _Experts(w13), _Experts(w2), top_k_weights, top_k_index, self.activation, gemm)
         else:  # a named backend's fused MoE, without the autograd layer (ops.py)
             y = torch.ops.humming_triton.fused_moe_nograd(h, *w13, *w2, top_k_weights, top_k_index, self.activation,
                                                           self.backend)
@@ -175,8 +175,11 @@ class _Experts:
         self.num_experts, self.N = args[-1][0], args[-1][1]
 
 
+def _grouped_native(x: torch.Tensor, w: _Experts, offsets: torch.Tensor) -> torch.Tensor:
+    # the host path in C++ (a guarded global or the device's table: cutlass_ext/native_op.py)
+    return torch.ops.humming_triton.grouped_linear_native(x, *w.args, offsets, None, "auto", torch.float32)
+
+
 def _grouped_nograd(x: torch.Tensor, w: _Experts, offsets: torch.Tensor) -> torch.Tensor:
     # backend auto: each GEMM the measured table's choice, as the fused op's auto path runs them
-    if native_op.enabled():  # the host path in C++ (a guarded global or the device's table: native_op.py)
-        return torch.ops.humming_triton.grouped_linear_native(x, *w.args, offsets, None, "auto", torch.float32)
     return torch.ops.humming_triton.grouped_linear_nograd(x, *w.args, offsets, None, "auto", torch.float32)
