@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import warnings
 import weakref
 from pathlib import Path
 
@@ -73,7 +74,14 @@ table_tokens = torch._dynamo.assume_constant_result(_table_tokens)
 
 
 def _built() -> bool:
-    return _load() is None
+    why = _load()
+    if why is not None and not _WARNED:  # asked for (switched on): say once why the Python host path runs instead
+        _WARNED.append(why)
+        warnings.warn(f"{why}; the Python host path runs instead", RuntimeWarning, stacklevel=3)
+    return why is None
+
+
+_WARNED: list[str] = []
 
 
 # torch.compile evaluates this once, at trace time, as a constant (the first call may build the kernel)

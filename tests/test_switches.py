@@ -166,3 +166,15 @@ def test_committed_switch_verdicts_follow_from_their_evidence(table):
         assert files, f"{table.name}: {name}'s evidence names no committed e2e results"
         results = [json.loads((repo / f).read_text()) for f in files]
         assert verdicts(results)[name]["on"] is entry["on"], f"{table.name}: {name}"
+
+
+def test_a_native_op_switched_on_but_not_built_says_so_once(monkeypatch):
+    monkeypatch.setattr(native_op, "_load", lambda: "the native op's C++ kernel did not build (no compiler)")
+    monkeypatch.setattr(native_op, "_WARNED", [])
+    monkeypatch.setattr(native_op, "ON", True)
+    with pytest.warns(RuntimeWarning, match="did not build \\(no compiler\\); the Python host path runs instead"):
+        assert not native_op.enabled(1)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not native_op.enabled(1)  # once
