@@ -35,8 +35,9 @@
 #   syncfree every registered path (backend x family) and the MoE ops under set_sync_debug_mode("error") -> gpu_tests.txt
 #   sanitize compute-sanitizer ($SANITIZE_TOOLS, default memcheck) over the native kernel's tail shapes     -> sanitize.txt
 #   families compute-sanitizer memcheck over every registered path (scripts/sanitize_probe.py; FAMILIES_SHARDS=N
-#           splits it over N parallel processes), racecheck over the
-#           split-K and grouped ones                                   -> sanitize_families.txt, racecheck_families.txt
+#           splits it over N parallel processes, each run once without the sanitizer first to fill Triton's cache),
+#           racecheck over the split-K and grouped ones
+#                                      -> families_unsanitized.txt, sanitize_families.txt, racecheck_families.txt
 #   tp      2+ GPUs: scripts/tp_check.py (TP MLP pair + EP grouped GEMM vs one GPU, timed)      -> tp.json
 #   blockwise which block-scaled fp8 recipes F.scaled_mm takes here, and their speed  -> blockwise_probe.txt/json
 #   scaledmm where an fp8 GEMM's time goes: act quantizers, _scaled_mm row-wise vs tensor-wise  -> scaled_mm_probe.txt/json
@@ -213,7 +214,16 @@ for step in $STEPS; do
       stamp families
       # FAMILIES_SHARDS=N: N memcheck processes in parallel, each over every N-th path (one run of all of them
       # outlasted 150 s at 0177666; four shards of 150 s covered 393 paths and were all cut off at 44c86d2, H100)
+      # (12 shards of 300 s covered 316 paths at 25b562e, H100, all cut off: each shard compiled its Triton kernels
+      # under the sanitizer.)  So first the same shards without it (FAMILIES_PRIME_S): each compiles its own paths'
+      # kernels into Triton's cache -- and checks them against the reference -- then memcheck loads them cached.
       n=${FAMILIES_SHARDS:-8}
+      for i in $(seq 0 $((n - 1))); do
+        timeout -k 5 ${FAMILIES_PRIME_S:-150} python3 scripts/sanitize_probe.py --shard $i/$n \
+          > "$OUT/prime_shard_$i.txt" 2>&1 &
+      done
+      wait
+      cat "$OUT"/prime_shard_*.txt > "$OUT/families_unsanitized.txt"; rm -f "$OUT"/prime_shard_*.txt
       for i in $(seq 0 $((n - 1))); do
         ( timeout -k 5 ${FAMILIES_MEMCHECK_S:-240} compute-sanitizer --tool memcheck \
             python3 scripts/sanitize_probe.py --shard $i/$n > "$OUT/memcheck_shard_$i.txt" 2>&1
