@@ -7,8 +7,9 @@ against the baseline with every switch off, both times from the same interleaved
 geometric mean of its speedups reaches ``--min-gain`` and no single comparison is slower than ``--max-loss``
 allows; ``compile_triton`` must also beat ``compile_native`` where both ran (QuantLinear takes it first).  A
 switch with no comparison in the runs gets no verdict (its table entry, if any, is kept).  Each verdict records
-``max_tokens``, the largest batch the runs timed: a path whose kernels change with the token count (the MoE
-pipeline) is on only up to it (humming_triton/switches.py).  ``--write`` replaces the
+``max_tokens``: the largest batch up to which it passes (runs at several ``--batch`` sizes judge each prefix of
+batch sizes; the first that fails ends the scope), and the path is on only up to that many tokens per call
+(humming_triton/switches.py).  ``--write`` replaces the
 table's ``switches`` entries it has a verdict for, each with its numbers and the commit as evidence.
 """
 from __future__ import annotations
@@ -41,11 +42,28 @@ def verdicts(results: list[dict], min_gain: float = 1.03, max_loss: float = 0.99
                         batches.append(int(rec.get("batch", 1)))
         if not rows:
             continue
-        speedups = [b / v for _, b, v in rows]
-        gain = math.exp(sum(map(math.log, speedups)) / len(speedups))
-        out[switch] = {"on": gain >= min_gain and min(speedups) >= max_loss, "gain": gain, "worst": min(speedups),
-                       "rows": rows, "max_tokens": max(batches)}  # decode steps: tokens per call = batch
+        # on up to the largest batch whose comparisons, with every smaller batch's, pass (decode steps: tokens per
+        # call = batch); the gain and worst reported are those of that scope, or of every row where it is off
+        scope = None
+        for top in sorted(set(batches)):
+            if _passes([r for r, b in zip(rows, batches) if b <= top], min_gain, max_loss):
+                scope = top
+            else:
+                break
+        kept = [r for r, b in zip(rows, batches) if scope is None or b <= scope]
+        speedups = [b / v for _, b, v in kept]
+        out[switch] = {"on": scope is not None, "gain": _geomean(speedups), "worst": min(speedups), "rows": rows,
+                       "max_tokens": scope or 0}
     return out
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
+def _passes(rows: list, min_gain: float, max_loss: float) -> bool:
+    speedups = [b / v for _, b, v in rows]
+    return _geomean(speedups) >= min_gain and min(speedups) >= max_loss
 
 
 def evidence(verdict: dict, device: str, commit: str, source: str) -> str:
@@ -70,8 +88,12 @@ def main(argv=None) -> int:
         return 2
     device = devices.pop()
     found = verdicts(results, args.min_gain, args.max_loss)
+    if not found:
+        print("no switch was timed against the baseline in these runs (benchmarks.e2e --compile-native, "
+              "--eager-native, --moe-pipeline, --compile-triton)")
     for switch, v in found.items():
-        print(f"{switch:15s} {'ON ' if v['on'] else 'off'}  gain {v['gain']:.3f}x  worst {v['worst']:.3f}x")
+        print(f"{switch:15s} {'ON ' if v['on'] else 'off'}  up to {v['max_tokens']} tokens  gain {v['gain']:.3f}x  "
+              f"worst {v['worst']:.3f}x")
         for name, b, t in v["rows"]:
             print(f"    {name:55s} {b * 1e3:8.3f} -> {t * 1e3:8.3f} ms  ({b / t:.3f}x)")
     if args.write:

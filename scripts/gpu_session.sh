@@ -60,7 +60,8 @@
 #           E2E_MOE_EXTRA=--moe-pipeline adds the opt-in MoE pipeline's eager / graph A/B (kernels/moe.py)
 #   overhead host-side µs per call of each path (eager, op, compiled) + profiles  -> overhead.txt
 #   demo    python3 -m humming_triton.demo --backend triton                                -> demo.txt
-#   e2e     decode tokens/s vs bf16: dense Llama ($E2E_SCHEMES) and Qwen3-MoE (eager, CUDA graph, torch.compile);
+#   e2e     decode tokens/s vs bf16: dense Llama ($E2E_SCHEMES) and Qwen3-MoE (eager, CUDA graph, torch.compile),
+#           at each batch of $E2E_BATCHES (default 1);
 #           E2E_GENERATE=1 adds HF generate with a static KV cache (eager and compiled)
 #           and benchmarks.switch_verdicts over the runs                  -> e2e.txt, e2e_*.json, switch_verdicts.txt
 #   bench   the headline benchmark with peers                                              -> bench/ (4 files)
@@ -275,12 +276,18 @@ for step in $STEPS; do
     demo)    stamp demo; timeout -k 5 80 python3 -m humming_triton.demo --backend triton > "$OUT/demo.txt" 2>&1 ;;
     e2e)
       stamp e2e
-      timeout -k 5 ${E2E_S:-110} python3 -m benchmarks.e2e ${E2E_COMPILE---compile} --schemes ${E2E_SCHEMES:-w4a16,w8a16,mxfp4} \
-        --out "$OUT/e2e_llama.json" > "$OUT/e2e.txt" 2>&1
-      [ -n "${E2E_DENSE_ONLY:-}" ] || timeout -k 5 ${E2E_MOE_S:-110} python3 -m benchmarks.e2e ${E2E_COMPILE---compile} --model qwen3_moe --hidden 2048 --layers 4 \
-        --backend ${E2E_MOE_BACKEND:-auto} --schemes w4a16,mxfp4 ${E2E_MOE_EXTRA:-} --out "$OUT/e2e_moe.json" >> "$OUT/e2e.txt" 2>&1
-      # which switches this device's table should turn on (commit the verdicts with --write on the CPU)
-      python3 -m benchmarks.switch_verdicts $(ls "$OUT"/e2e_llama.json "$OUT"/e2e_moe.json 2>/dev/null) \
+      : > "$OUT/e2e.txt"
+      for b in ${E2E_BATCHES:-1}; do  # decode batch sizes, each a run of its own (E2E_S / E2E_MOE_S each)
+        sfx=$([ "$b" = 1 ] || echo "_b$b")
+        echo "== batch $b" >> "$OUT/e2e.txt"
+        timeout -k 5 ${E2E_S:-110} python3 -m benchmarks.e2e ${E2E_COMPILE---compile} --batch $b \
+          --schemes ${E2E_SCHEMES:-w4a16,w8a16,mxfp4} --out "$OUT/e2e_llama$sfx.json" >> "$OUT/e2e.txt" 2>&1
+        [ -n "${E2E_DENSE_ONLY:-}" ] || timeout -k 5 ${E2E_MOE_S:-110} python3 -m benchmarks.e2e ${E2E_COMPILE---compile} \
+          --batch $b --model qwen3_moe --hidden 2048 --layers 4 --backend ${E2E_MOE_BACKEND:-auto} --schemes w4a16,mxfp4 \
+          ${E2E_MOE_EXTRA:-} --out "$OUT/e2e_moe$sfx.json" >> "$OUT/e2e.txt" 2>&1
+      done
+      # which switches this device's table should turn on, up to which batch (commit them with --write on the CPU)
+      python3 -m benchmarks.switch_verdicts $(ls "$OUT"/e2e_llama*.json "$OUT"/e2e_moe*.json 2>/dev/null) \
         --commit "${HT_GIT_COMMIT:-unknown}" > "$OUT/switch_verdicts.txt" 2>&1
       # HF generate with a static KV cache, eager and compiled (reduce-overhead), decode tokens/s vs bf16
       [ -z "${E2E_GENERATE:-}" ] || timeout -k 5 ${E2E_GENERATE_S:-150} python3 -m benchmarks.e2e --generate \

@@ -178,3 +178,13 @@ def test_a_native_op_switched_on_but_not_built_says_so_once(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not native_op.enabled(1)  # once
+
+
+def test_a_switch_is_on_up_to_the_largest_batch_it_still_wins_at():
+    from benchmarks.switch_verdicts import verdicts
+    rec = lambda batch, native: {**_record("llama", "w4a16", compile=3.0, compile_native=native), "batch": batch}  # noqa: E731
+    v = verdicts([{"records": [rec(1, 2.2), rec(8, 2.5), rec(32, 3.1)]}])["native_op"]
+    assert v["on"] and v["max_tokens"] == 8  # batch 32 is 3 % slower: the scope ends before it
+    assert v["gain"] == pytest.approx((3.0 / 2.2 * 3.0 / 2.5) ** 0.5)
+    v = verdicts([{"records": [rec(1, 3.05), rec(8, 2.0)]}])["native_op"]
+    assert not v["on"] and v["max_tokens"] == 0  # losing at the smallest batch: off, whatever larger ones say
