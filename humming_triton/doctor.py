@@ -204,13 +204,41 @@ def _table() -> list[str]:
     return [f"{path} ({len(entries)} entries in its dispatch section)"]
 
 
+def _switches() -> list[str]:
+    """Each switch (switches.py): on / off here and why -- the environment / set_enabled, or the device's table."""
+    from cutlass_ext import native_op
+
+    from . import switches
+    from .kernels import compiled, moe
+    slug = _facts().slug
+    table = switches.measured_switches(slug)
+    lines = []
+    for name, module in (("native_op", native_op), ("moe_pipeline", moe), ("compile_triton", compiled)):
+        if module.ON is not None:
+            lines.append(f"{name:15s} {'on' if module.ON else 'off'}: set ({module.ENV} or set_enabled)")
+            continue
+        entry = table.get(name)
+        if entry is None:
+            lines.append(f"{name:15s} off: this device's table has no verdict (not timed here)")
+        elif entry.get("on"):
+            lines.append(f"{name:15s} on up to {switches.measured_tokens(name)} token(s) per call: this device's "
+                         f"table (commit {entry.get('commit')})")
+        else:
+            lines.append(f"{name:15s} off: this device's table (commit {entry.get('commit')}) measured it slower")
+    if native_op.ON is not False and (native_op.ON or table.get("native_op", {}).get("on")):
+        why = native_op.unavailable()
+        lines.append(f"{'':15s} the native op's C++ kernel: {'built' if why is None else why}")
+    return lines
+
+
 def report() -> str:
     """The whole report as text (never raises)."""
     lines = ["humming_triton doctor (paste this into a bug report)", ""]
     probe = f"probe calls: bf16 x, M={PROBE_M} N={PROBE_N} K={PROBE_K} (grouped: {PROBE_EXPERTS} experts)"
     for title, body in (("versions", _versions), ("Triton interpreter", _interpreter), ("device", _device),
                         ("MMA kinds on this device", _mma), (f"backends ({probe})", _backends),
-                        ("kernel families (same probes)", _families), ("measured dispatch table", _table)):
+                        ("kernel families (same probes)", _families), ("measured dispatch table", _table),
+                        ("switches (paths on where measured faster)", _switches)):
         try:
             lines += _section(title, body) + [""]
         except Exception as e:  # noqa: BLE001

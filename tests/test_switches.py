@@ -2,6 +2,7 @@
 ``set_enabled``, then the device's measured table; and the committed tables' ``switches`` sections themselves."""
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -157,8 +158,6 @@ def test_switch_verdicts_write_only_their_own_device_table(tmp_path):
 @pytest.mark.parametrize("table", sorted(TABLES.glob("*.json")), ids=lambda p: p.stem)
 def test_committed_switch_verdicts_follow_from_their_evidence(table):
     """Each committed verdict is what benchmarks.switch_verdicts derives from the e2e results its evidence names."""
-    import re
-
     from benchmarks.switch_verdicts import verdicts
     repo = TABLES.parent
     for name, entry in json.loads(table.read_text()).get("switches", {}).items():
@@ -188,3 +187,19 @@ def test_a_switch_is_on_up_to_the_largest_batch_it_still_wins_at():
     assert v["gain"] == pytest.approx((3.0 / 2.2 * 3.0 / 2.5) ** 0.5)
     v = verdicts([{"records": [rec(1, 3.05), rec(8, 2.0)]}])["native_op"]
     assert not v["on"] and v["max_tokens"] == 0  # losing at the smallest batch: off, whatever larger ones say
+
+
+def test_doctor_says_where_each_switch_stands(monkeypatch):
+    from humming_triton import doctor
+    for module in SWITCHES.values():
+        monkeypatch.setattr(module, "ON", None)
+    facts = capability.DeviceFacts((9, 0), 132, 227 * 1024, "NVIDIA H100 80GB HBM3", "h100_80gb_hbm3")
+    with capability.pose_as(facts):
+        text = doctor.report()
+    assert re.search(r"native_op +on up to \d+ token\(s\) per call: this device's table \(commit \w+\)", text), text
+    assert re.search(r"compile_triton +off: this device's table \(commit \w+\) measured it slower", text), text
+    monkeypatch.setattr(moe, "ON", False)
+    with capability.pose_as((8, 0)):  # a device without a table
+        text = doctor.report()
+    assert re.search(r"moe_pipeline +off: set \(HUMMING_TRITON_MOE_PIPELINE or set_enabled\)", text), text
+    assert re.search(r"native_op +off: this device's table has no verdict", text), text
