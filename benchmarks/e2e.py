@@ -106,15 +106,34 @@ def _retime_interleaved(timers, device, reps: int) -> None:
 
 
 def _opt_in_switches() -> dict:
-    """Opt-in compiled paths timed beside the default compile (--compile-triton / --compile-native): key -> the
-    module whose ``ON`` switch turns it on (a module global: dynamo guards it, so both graphs coexist)."""
+    """Compiled variants timed beside the baseline compile (--compile-triton / --compile-native / --table-defaults):
+    key -> (its flag, a context that sets the switches for it).  The switches are module globals that dynamo guards,
+    so each variant's graph coexists with the baseline's."""
     from cutlass_ext import native_op
     from humming_triton.kernels import compiled
-    return {"compile_triton": compiled,  # the triton_op path
-            "compile_native": native_op}  # the C++ host path
+    return {"compile_triton": ("compile_triton", lambda: switched_on(compiled)),  # the triton_op path
+            "compile_native": ("compile_native", lambda: switched_on(native_op)),  # the C++ host path
+            "compile_table": ("table_defaults", as_the_table_says)}  # this device's defaults
 
 
-OPT_IN_COMPILES = ("compile_triton", "compile_native")
+OPT_IN_COMPILES = ("compile_triton", "compile_native", "compile_table")
+
+
+@contextlib.contextmanager
+def as_the_table_says():
+    """Every switch unset for the duration: each path on exactly where this device's table turns it on -- the
+    library's default here (humming_triton/switches.py), timed as a whole against the all-off baseline."""
+    from cutlass_ext import native_op
+    from humming_triton.kernels import compiled, moe
+    modules = (native_op, compiled, moe)
+    before = [m.ON for m in modules]
+    for m in modules:
+        m.set_enabled(None)
+    try:
+        yield
+    finally:
+        for m, on in zip(modules, before):
+            m.set_enabled(on)
 
 
 @contextlib.contextmanager
@@ -132,15 +151,16 @@ def _opt_in_eager() -> dict:
     """Opt-in paths timed beside the default eager (and graphed) run: flag -> (name, switch module, graphed too)."""
     from cutlass_ext import native_op
     from humming_triton.kernels import moe as moe_kernels
-    return {"moe_pipeline": ("pipeline", moe_kernels, True),  # routing / activation / combine as Triton launches
-            "eager_native": ("native", native_op, False)}  # the C++ host path (a graph replays the same kernels)
+    return {"moe_pipeline": ("pipeline", lambda: switched_on(moe_kernels), True),  # routing / activation / combine
+            "eager_native": ("native", lambda: switched_on(native_op), False),  # the C++ host path (same kernels)
+            "table_defaults": ("table", as_the_table_says, True)}  # this device's defaults, all together
 
 
-def _time_switched(rec: dict, name: str, switch, graphed: bool, model, ids, logits, device, args, timers) -> None:
-    """The model eager (and replayed from a CUDA graph captured with the switch on) with ``switch`` on,
-    interleaved with the default's: keys ``eager_<name>_s`` / ``graph_<name>_s``."""
+def _time_switched(rec: dict, name: str, setting, graphed: bool, model, ids, logits, device, args, timers) -> None:
+    """The model eager (and replayed from a CUDA graph captured in it) in the switch ``setting`` (a context),
+    interleaved with the baseline's: keys ``eager_<name>_s`` / ``graph_<name>_s``."""
     def eager(model=model):
-        with switched_on(switch):
+        with setting():
             return model(ids, use_cache=False)
     try:
         with torch.no_grad():
@@ -149,7 +169,7 @@ def _time_switched(rec: dict, name: str, switch, graphed: bool, model, ids, logi
             out = eager().logits.float()
         rec[f"{name}_rel_diff_vs_eager"] = float((out - logits).norm() / logits.norm())
         if graphed:
-            with switched_on(switch):  # captured with the switch on: the graph holds that path's kernels
+            with setting():  # captured in the setting: the graph holds that path's kernels
                 replay, _ = _graphed(model, ids)
             rec[f"graph_{name}_s"] = _time(replay, device, args.reps)
             timers.append((rec, f"graph_{name}_s", replay))
@@ -227,11 +247,11 @@ def _run(args) -> dict:
                 rec["graph_rel_diff_vs_eager"] = float((out.float() - logits).norm() / logits.norm())
             except Exception as e:  # noqa: BLE001
                 rec["graph_error"] = f"{type(e).__name__}: {e}"[:300]
-        for flag, (opt, switch, graphed) in _opt_in_eager().items():
+        for flag, (opt, setting, graphed) in _opt_in_eager().items():
             if "error" in rec or not getattr(args, flag) or not scheme or device.type != "cuda" or \
                     (flag == "moe_pipeline" and args.model != "qwen3_moe"):
                 continue
-            _time_switched(rec, opt, switch, graphed, model, ids, logits, device, args, timers)
+            _time_switched(rec, opt, setting, graphed, model, ids, logits, device, args, timers)
         if "error" not in rec and args.compile:
             try:
                 compiled = torch.compile(model, fullgraph=True)
@@ -243,14 +263,14 @@ def _run(args) -> dict:
                 rec["compile_rel_diff_vs_eager"] = float((out - logits).norm() / logits.norm())
             except Exception as e:  # noqa: BLE001
                 rec["compile_error"] = f"{type(e).__name__}: {e}"[:300]
-        for key, switch in _opt_in_switches().items():
-            if "error" in rec or not getattr(args, key) or not scheme or device.type != "cuda":
+        for key, (flag, setting) in _opt_in_switches().items():
+            if "error" in rec or not args.compile or not getattr(args, flag) or not scheme or device.type != "cuda":
                 continue
-            try:  # an opt-in path: the switch on while its copy is traced and called (a guard selects its graph)
+            try:  # a variant: its switches set while its copy is traced and called (a guard selects its graph)
                 twin = torch.compile(copy.deepcopy(model), fullgraph=True)
 
-                def call_twin(twin=twin, switch=switch):
-                    with switched_on(switch):
+                def call_twin(twin=twin, setting=setting):
+                    with setting():
                         return twin(ids, use_cache=False)
                 with torch.no_grad():
                     rec[key + "_s"] = _time(call_twin, device, args.reps)
@@ -447,14 +467,15 @@ def _row(rec: dict, bf16: dict) -> str:
     if "error" in rec:
         return f"{rec['scheme']:>10}: failed: {rec['error']}"
     fails = "".join(f"  [{k}: {rec[k]}]" for k in ("graph_error", "compile_error", "pipeline_error", "native_error",
-                                                   *(o + "_error" for o in OPT_IN_COMPILES)) if k in rec)
+                                                   "table_error", *(o + "_error" for o in OPT_IN_COMPILES)) if k in rec)
     parts = [f"{rec['scheme']:>10}:"]
     for key in ("eager_s", "graph_s", "compile_s", *(o + "_s" for o in OPT_IN_COMPILES), "eager_pipeline_s",
-                "graph_pipeline_s", "eager_native_s"):
+                "graph_pipeline_s", "eager_native_s", "eager_table_s", "graph_table_s"):
         if key in rec:
             tps = rec["batch"] / rec[key]
             # against bf16 run the same way (its eager / graph / compile time)
-            base = "compile_s" if key.startswith("compile") else key.replace("_pipeline", "").replace("_native", "")
+            base = "compile_s" if key.startswith("compile") else \
+                key.replace("_pipeline", "").replace("_native", "").replace("_table", "")
             ratio = bf16.get(base, rec[key]) / rec[key]
             parts.append(f"{key[:-2]} {tps:8.1f} tok/s ({ratio:.2f}x bf16)")
     if "rel_err_vs_dequantized" in rec:
@@ -491,6 +512,10 @@ def main(argv=None) -> int:
     ap.add_argument("--eager-native", action="store_true",
                     help="GPU: also time each quantized model eager with the opt-in C++ host path "
                          "(cutlass_ext.native_op.ON), interleaved: a same-run A/B")
+    ap.add_argument("--table-defaults", action="store_true",
+                    help="GPU: also time each quantized model eager, graphed and (with --compile) compiled with every "
+                         "switch as this device's table sets it -- the library's default here -- interleaved with the "
+                         "all-off baseline")
     ap.add_argument("--generate", action="store_true",
                     help="also time HF generate with a static KV cache, eager and compiled (reduce-overhead)")
     ap.add_argument("--prompt-len", type=int, default=32, help="--generate: prompt tokens")

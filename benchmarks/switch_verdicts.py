@@ -2,15 +2,18 @@
 
     python3 -m benchmarks.switch_verdicts e2e_llama.json e2e_moe.json --commit <sha> [--write autotune_configs/h200.json]
 
-Each switch is judged on every comparison the runs hold (per model and scheme: the variant with the switch on
-against the baseline with every switch off, both times from the same interleaved rounds).  On only when the
-geometric mean of its speedups reaches ``--min-gain`` and no single comparison is slower than ``--max-loss``
-allows; ``compile_triton`` must also beat ``compile_native`` where both ran (QuantLinear takes it first).  A
-switch with no comparison in the runs gets no verdict (its table entry, if any, is kept).  Each verdict records
-``max_tokens``: the largest batch up to which it passes (runs at several ``--batch`` sizes judge each prefix of
-batch sizes; the first that fails ends the scope), and the path is on only up to that many tokens per call
-(humming_triton/switches.py).  ``--write`` replaces the
-table's ``switches`` entries it has a verdict for, each with its numbers and the commit as evidence.
+Each switch is judged on every comparison the runs hold (per model, scheme and batch: the variant with the switch
+on against the baseline with every switch off, both times from the same interleaved rounds).  A comparison fails
+outright when the variant raised (``*_error``) or its output left eager's by more than ``MAX_DIFF`` (a wrong
+kernel is O(1); inductor's fusion is ~1e-2).  A switch is on when the geometric mean of its speedups reaches
+``--min-gain`` and no comparison is slower than ``--max-loss`` allows; ``compile_triton`` must also beat
+``compile_native`` where both ran (QuantLinear takes it first).  Its scope:
+- ``max_tokens``: batches are judged as growing prefixes (batch 1, then 1 and 8, ...); the scope ends before the
+  first batch whose comparisons fail, or that lacks a model the smallest batch had (decode: tokens per call =
+  batch; batches between two timed ones are taken as timed);
+- ``schemes``: the schemes compared within that scope; any other scheme keeps the path off.
+A switch with no comparison in the runs gets no verdict (its table entry, if any, is kept).  ``--write`` replaces
+the table's entries it has a verdict for, each with its numbers and the commit as evidence.
 """
 from __future__ import annotations
 
@@ -20,55 +23,82 @@ import math
 import sys
 from pathlib import Path
 
-# switch -> [(variant key, baseline key)] in an e2e record (benchmarks/e2e.py's keys, times in seconds)
+MAX_DIFF = 3e-2
+# switch -> [(variant time, baseline time, the variant's output difference from eager, the variant's error)]
+# in an e2e record (benchmarks/e2e.py's keys, times in seconds)
 COMPARISONS = {
-    "native_op": [("compile_native_s", "compile_s"), ("eager_native_s", "eager_s")],
-    "moe_pipeline": [("eager_pipeline_s", "eager_s"), ("graph_pipeline_s", "graph_s")],
-    "compile_triton": [("compile_triton_s", "compile_s"), ("compile_triton_s", "compile_native_s")],
+    "native_op": [("compile_native_s", "compile_s", "compile_native_rel_diff_vs_eager", "compile_native_error"),
+                  ("eager_native_s", "eager_s", "native_rel_diff_vs_eager", "native_error")],
+    "moe_pipeline": [("eager_pipeline_s", "eager_s", "pipeline_rel_diff_vs_eager", "pipeline_error"),
+                     ("graph_pipeline_s", "graph_s", "pipeline_rel_diff_vs_eager", "pipeline_error")],
+    "compile_triton": [("compile_triton_s", "compile_s", "compile_triton_rel_diff_vs_eager", "compile_triton_error"),
+                       ("compile_triton_s", "compile_native_s", "compile_triton_rel_diff_vs_eager",
+                        "compile_triton_error")],
 }
 
 
+# benchmarks.e2e --table-defaults: the device's defaults as a whole (reported, not judged)
+DEFAULTS = [("eager_table_s", "eager_s", "table_rel_diff_vs_eager", "table_error"),
+            ("graph_table_s", "graph_s", "table_rel_diff_vs_eager", "table_error"),
+            ("compile_table_s", "compile_s", "compile_table_rel_diff_vs_eager", "compile_table_error")]
+
+
+def _comparisons(results: list[dict], pairs: list) -> list[dict]:
+    """One row per (model, scheme, batch, comparison) found; a repeated record counts once (the first)."""
+    rows, seen = [], set()
+    for result in results:
+        for rec in result.get("records", []):
+            batch = int(rec.get("batch", 1))
+            for variant, base, diff, error in pairs:
+                key = (rec.get("model"), rec.get("scheme"), batch, variant, base)
+                if key in seen or not rec.get(base) or not (rec.get(variant) or rec.get(error)):
+                    continue
+                seen.add(key)
+                ok = not rec.get(error) and rec.get(variant) and rec.get(diff, 0.0) <= MAX_DIFF
+                rows.append({"model": rec["model"], "scheme": rec["scheme"], "batch": batch,
+                             "what": f"{rec['model']} {rec['scheme']} batch {batch} {variant[:-2]} vs {base[:-2]}",
+                             "base": rec[base], "variant": rec.get(variant) or float("inf"),
+                             "speedup": rec[base] / rec[variant] if ok else 0.0})
+    return rows
+
+
 def verdicts(results: list[dict], min_gain: float = 1.03, max_loss: float = 0.99) -> dict:
-    """switch -> {"on", "gain": geometric-mean speedup, "worst": smallest speedup, "rows": [...], "max_tokens"}."""
+    """switch -> {"on", "max_tokens", "schemes", "gain" and "worst" (speedups within the scope, or of every row
+    where it is off), "rows"}."""
     out = {}
     for switch, pairs in COMPARISONS.items():
-        rows, batches = [], []
-        for result in results:
-            for rec in result.get("records", []):
-                for variant, base in pairs:
-                    if rec.get(variant) and rec.get(base):
-                        rows.append((f"{rec['model']} {rec['scheme']} batch {rec.get('batch', 1)} {variant[:-2]} "
-                                     f"vs {base[:-2]}", rec[base], rec[variant]))
-                        batches.append(int(rec.get("batch", 1)))
+        rows = _comparisons(results, pairs)
         if not rows:
             continue
-        # on up to the largest batch whose comparisons, with every smaller batch's, pass (decode steps: tokens per
-        # call = batch); the gain and worst reported are those of that scope, or of every row where it is off
-        scope = None
-        for top in sorted(set(batches)):
-            if _passes([r for r, b in zip(rows, batches) if b <= top], min_gain, max_loss):
-                scope = top
-            else:
+        batches = sorted({r["batch"] for r in rows})
+        models = {r["model"] for r in rows if r["batch"] == batches[0]}
+        scope = 0
+        for top in batches:
+            inside = [r for r in rows if r["batch"] <= top]
+            if not models <= {r["model"] for r in rows if r["batch"] == top} or not _passes(inside, min_gain, max_loss):
                 break
-        kept = [r for r, b in zip(rows, batches) if scope is None or b <= scope]
-        speedups = [b / v for _, b, v in kept]
-        out[switch] = {"on": scope is not None, "gain": _geomean(speedups), "worst": min(speedups), "rows": rows,
-                       "max_tokens": scope or 0}
+            scope = top
+        kept = [r for r in rows if r["batch"] <= scope] or rows
+        speedups = [r["speedup"] for r in kept]
+        out[switch] = {"on": scope > 0, "max_tokens": scope, "gain": _geomean(speedups), "worst": min(speedups),
+                       "schemes": sorted({r["scheme"] for r in kept}) if scope else [], "rows": rows}
     return out
 
 
 def _geomean(xs: list[float]) -> float:
-    return math.exp(sum(map(math.log, xs)) / len(xs))
+    return 0.0 if min(xs) <= 0 else math.exp(sum(map(math.log, xs)) / len(xs))
 
 
-def _passes(rows: list, min_gain: float, max_loss: float) -> bool:
-    speedups = [b / v for _, b, v in rows]
+def _passes(rows: list[dict], min_gain: float, max_loss: float) -> bool:
+    speedups = [r["speedup"] for r in rows]
     return _geomean(speedups) >= min_gain and min(speedups) >= max_loss
 
 
 def evidence(verdict: dict, device: str, commit: str, source: str) -> str:
-    rows = "; ".join(f"{name} {b * 1e3:.3f} -> {v * 1e3:.3f} ms" for name, b, v in verdict["rows"])
-    return (f"same-run A/B against every switch off ({device}, commit {commit}, {source}): {rows}; geometric-mean "
+    rows = "; ".join(f"{r['what']} {r['base'] * 1e3:.3f} -> {r['variant'] * 1e3:.3f} ms"
+                     + ("" if r["speedup"] else " (failed: error or output off)") for r in verdict["rows"])
+    return (f"same-run A/B against every switch off ({device}, commit {commit}, {source}): {rows}; within the scope "
+            f"(up to {verdict['max_tokens']} tokens, {', '.join(verdict['schemes']) or 'none'}) geometric-mean "
             f"speedup {verdict['gain']:.3f}x, worst {verdict['worst']:.3f}x")
 
 
@@ -88,14 +118,19 @@ def main(argv=None) -> int:
         return 2
     device = devices.pop()
     found = verdicts(results, args.min_gain, args.max_loss)
+    defaults = _comparisons(results, DEFAULTS)
+    if defaults:  # benchmarks.e2e --table-defaults: the table's switches together, as the library runs them here
+        print("this device's table as it stands (every switch as the table sets it) against every switch off:")
+        for r in defaults:
+            print(f"    {r['what']:62s} {r['base'] * 1e3:8.3f} -> {r['variant'] * 1e3:8.3f} ms  ({r['speedup']:.3f}x)")
     if not found:
         print("no switch was timed against the baseline in these runs (benchmarks.e2e --compile-native, "
               "--eager-native, --moe-pipeline, --compile-triton)")
     for switch, v in found.items():
-        print(f"{switch:15s} {'ON ' if v['on'] else 'off'}  up to {v['max_tokens']} tokens  gain {v['gain']:.3f}x  "
-              f"worst {v['worst']:.3f}x")
-        for name, b, t in v["rows"]:
-            print(f"    {name:55s} {b * 1e3:8.3f} -> {t * 1e3:8.3f} ms  ({b / t:.3f}x)")
+        print(f"{switch:15s} {'ON ' if v['on'] else 'off'}  up to {v['max_tokens']} tokens  schemes "
+              f"{','.join(v['schemes']) or '-'}  gain {v['gain']:.3f}x  worst {v['worst']:.3f}x")
+        for r in v["rows"]:
+            print(f"    {r['what']:62s} {r['base'] * 1e3:8.3f} -> {r['variant'] * 1e3:8.3f} ms  ({r['speedup']:.3f}x)")
     if args.write:
         path = Path(args.write)
         table = json.loads(path.read_text()) if path.exists() else {}
@@ -107,7 +142,7 @@ def main(argv=None) -> int:
         section = table.setdefault("switches", {})
         for switch, v in found.items():
             section[switch] = {"on": v["on"], "commit": args.commit, "max_tokens": v["max_tokens"],
-                               "evidence": evidence(v, device, args.commit, source)}
+                               "schemes": v["schemes"], "evidence": evidence(v, device, args.commit, source)}
         path.write_text(json.dumps(table, indent=1) + "\n")
         print(f"wrote {len(found)} switch verdict(s) to {path}")
     return 0

@@ -65,11 +65,11 @@ def set_enabled(on: bool | None) -> None:
 
 
 # the device's verdict, folded by torch.compile as a constant at trace time (one device per process)
-def _table_tokens() -> int:
-    return switches.measured_tokens("native_op")
+def _table_tokens(scheme: str) -> int:
+    return switches.table_tokens("native_op", scheme)
 
 
-# folded at trace time (one device per process)
+# folded at trace time (one device kind per process)
 table_tokens = torch._dynamo.assume_constant_result(_table_tokens)
 
 
@@ -88,11 +88,11 @@ _WARNED: list[str] = []
 built = torch._dynamo.assume_constant_result(_built)
 
 
-def enabled(tokens: int) -> bool:
-    """Whether modules call the native ops for a call of ``tokens`` tokens: the switch is on (or, unset, the
-    device's table turns it on up to the tokens per call its A/B timed) and the kernel built (the first call may
-    build it)."""
-    return (ON if ON is not None else tokens <= table_tokens()) and built()
+def enabled(tokens: int, scheme: str) -> bool:
+    """Whether modules call the native ops for a call of ``tokens`` tokens of ``scheme``: the switch is on (or,
+    unset, the device's table turns it on for that scheme and token count) and the kernel built (the first call
+    may build it)."""
+    return (ON if ON is not None else 0 < tokens <= table_tokens(scheme)) and built()
 
 
 def _loaded() -> bool:  # without building: a table exists only once the kernel was loaded

@@ -220,14 +220,14 @@ def _switches() -> list[str]:
         entry = table.get(name)
         if entry is None:
             lines.append(f"{name:15s} off: this device's table has no verdict (not timed here)")
-        elif entry.get("on"):
-            lines.append(f"{name:15s} on up to {switches.measured_tokens(name)} token(s) per call: this device's "
-                         f"table (commit {entry.get('commit')})")
+        elif entry.get("on") is True and entry.get("max_tokens") and entry.get("schemes"):
+            lines.append(f"{name:15s} on for {', '.join(entry['schemes'])} up to {entry['max_tokens']} token(s) per "
+                         f"call: this device's table (commit {entry.get('commit')})")
         else:
             lines.append(f"{name:15s} off: this device's table (commit {entry.get('commit')}) measured it slower")
     if native_op.ON is not False and (native_op.ON or table.get("native_op", {}).get("on")):
-        why = native_op.unavailable()
-        lines.append(f"{'':15s} the native op's C++ kernel: {'built' if why is None else why}")
+        state = "loaded" if native_op._loaded() else "built and loaded on first use (~20 s; a C++ compiler and ninja)"
+        lines.append(f"{'':15s} the native op's C++ kernel: {state}")
     return lines
 
 

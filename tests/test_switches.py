@@ -18,11 +18,12 @@ SWITCHES = {"native_op": native_op, "moe_pipeline": moe, "compile_triton": compi
 TABLES = Path(__file__).resolve().parents[1] / "autotune_configs"
 
 
-def _on(module, tokens: int = 1) -> bool:
-    return module.enabled() if module is compiled else module.enabled(tokens)
+def _on(module, tokens: int = 1, scheme: str = "w4a16") -> bool:
+    return module.enabled(tokens, scheme)
 
 
-@pytest.mark.parametrize("value,want", [("1", True), ("0", False), ("", None), (None, None)])
+@pytest.mark.parametrize("value,want", [("1", True), ("0", False), ("", None), (None, None), (" On ", True),
+                                        ("false", False)])
 def test_the_environment_sets_a_switch_or_leaves_it_to_the_device(value, want, monkeypatch):
     if value is None:
         monkeypatch.delenv("HT_TEST_SWITCH", raising=False)
@@ -32,17 +33,19 @@ def test_the_environment_sets_a_switch_or_leaves_it_to_the_device(value, want, m
 
 
 def test_a_bad_environment_value_is_named(monkeypatch):
-    monkeypatch.setenv("HT_TEST_SWITCH", "yes")
-    with pytest.raises(ValueError, match="HT_TEST_SWITCH='yes'.*1 \\(on\\), 0 \\(off\\)"):
+    monkeypatch.setenv("HT_TEST_SWITCH", "maybe")
+    with pytest.raises(ValueError, match="HT_TEST_SWITCH='maybe'.*1 \\(on\\), 0 \\(off\\)"):
         switches.from_env("HT_TEST_SWITCH")
 
 
 @pytest.fixture
 def posed_table(tmp_path, monkeypatch):
-    """A device "posed_gpu" whose table turns the MoE pipeline and the native op on, and says compile_triton off."""
+    """A device "posed_gpu" whose table turns the MoE pipeline (up to 8 tokens) and the native op (up to 1) on for
+    w4a16 and mxfp4, and says compile_triton off."""
+    on = {"on": True, "schemes": ["mxfp4", "w4a16"], "evidence": "test"}
     table = {"device": "posed", "dispatch": {}, "switches": {
-        "moe_pipeline": {"on": True, "evidence": "test"}, "native_op": {"on": True, "evidence": "test"},
-        "compile_triton": {"on": False, "evidence": "test"}}}
+        "moe_pipeline": {**on, "max_tokens": 8}, "native_op": {**on, "max_tokens": 1},
+        "compile_triton": {"on": False, "max_tokens": 0, "schemes": [], "evidence": "test"}}}
     (tmp_path / "posed_gpu.json").write_text(json.dumps(table))
     monkeypatch.setattr(dispatch, "CONFIG_DIR", tmp_path)
     for module in SWITCHES.values():
@@ -55,35 +58,66 @@ def posed_table(tmp_path, monkeypatch):
 
 
 def test_an_unset_switch_follows_the_devices_table(posed_table):
-    assert moe.enabled(1) and moe.enabled(4096) and compiled.enabled() is False  # no max_tokens: unbounded
-    assert native_op.enabled(1) == (native_op.unavailable() is None)  # on, where its C++ kernel builds
+    built = native_op.unavailable() is None
+    assert native_op.enabled(1, "w4a16") == built  # on where its C++ kernel builds ...
+    assert not native_op.enabled(2, "w4a16") and not native_op.enabled(0, "w4a16")  # ... for 1 token only
+    assert moe.enabled(1, "mxfp4") and moe.enabled(8, "w4a16") and not moe.enabled(9, "w4a16")
+    assert not moe.enabled(0, "w4a16")  # an empty call: nothing was timed there
+    assert not moe.enabled(1, "w8a16") and not native_op.enabled(1, "w8a8-fp8")  # schemes the A/B did not run
+    assert not compiled.enabled(1, "w4a16")
     moe.set_enabled(False)  # an explicit setting wins over the table ...
-    assert not moe.enabled(1)
+    assert not moe.enabled(1, "w4a16")
+    moe.set_enabled(True)
+    assert moe.enabled(9, "w8a16") and moe.enabled(0, "w4a16")  # (forced: any size, any scheme)
     moe.set_enabled(None)  # ... and None hands the choice back to it
-    assert moe.enabled(1)
+    assert moe.enabled(1, "w4a16") and not moe.enabled(9, "w4a16")
 
 
-def test_a_table_verdict_holds_up_to_the_tokens_it_was_timed_at(posed_table, tmp_path):
+@pytest.mark.parametrize("entry", [{"on": True, "schemes": ["w4a16"]}, {"on": True, "max_tokens": 8},
+                                   {"on": "yes", "schemes": ["w4a16"], "max_tokens": 8}])
+def test_an_entry_without_its_scope_turns_nothing_on(entry, posed_table, tmp_path):
     table = json.loads((tmp_path / "posed_gpu.json").read_text())
-    table["switches"]["moe_pipeline"]["max_tokens"] = 8
+    table["switches"]["moe_pipeline"] = entry
     (tmp_path / "posed_gpu.json").write_text(json.dumps(table))
     dispatch.clear_caches()
-    assert moe.enabled(1) and moe.enabled(8) and not moe.enabled(9)
-    moe.set_enabled(True)  # forced on: every size
-    assert moe.enabled(9)
+    assert not moe.enabled(1, "w4a16")
+
+
+def test_the_modules_pass_their_token_count_and_scheme(posed_table):
+    """QuantLinear asks with its rows (all leading dims) and scheme, QuantMoE with its routed tokens: a table
+    verdict for 1 token of w4a16 takes a [1, 1, K] call onto the native op, not a [1, 2, K] one or another scheme."""
+    if native_op.unavailable() is not None:
+        pytest.skip(native_op.unavailable())
+    calls = []
+    orig = native_op.enabled
+
+    def spy(tokens, scheme):
+        calls.append((tokens, scheme))
+        return orig(tokens, scheme)
+    for scheme in ("w4a16", "w8a16"):
+        mod = QuantLinear(ht.quantize_weight(torch.randn(24, 256), scheme))
+        with torch.no_grad():
+            for shape in ((1, 1, 256), (1, 2, 256)):
+                before = native_op.stats()
+                native_op.enabled = spy
+                try:
+                    mod(torch.randn(*shape))
+                finally:
+                    native_op.enabled = orig
+                took = sum(native_op.stats()) - sum(before) > 0
+                assert took == (shape[1] == 1 and scheme == "w4a16"), (scheme, shape)
+    assert calls == [(1, "w4a16"), (2, "w4a16"), (1, "w8a16"), (2, "w8a16")]
 
 
 def test_a_device_without_a_table_entry_keeps_every_switch_off(monkeypatch):
     for module in SWITCHES.values():
         monkeypatch.setattr(module, "ON", None)
-    for sm in ((9, 0), (8, 0), (10, 0)):  # posed devices of the committed tables (or none)
+    for sm in ((8, 0), (10, 0), (12, 0)):  # posed devices without a table
         with capability.pose_as(capability.facts_for_sm(sm)):
-            slug = capability.device_facts().slug
-            for name, module in SWITCHES.items():
-                entry = switches.measured_switches(slug).get(name)
-                assert _on(module) is bool(entry and entry["on"] and
-                                           (module is not native_op or native_op.unavailable() is None))
-    assert not any(_on(m) for m in SWITCHES.values())  # the CPU: no device, no table
+            assert not switches.measured_switches(capability.device_facts().slug)
+            assert not any(_on(m) for m in SWITCHES.values())
+    if not torch.cuda.is_available():
+        assert not any(_on(m) for m in SWITCHES.values())  # the CPU: no device, no table
 
 
 def test_a_compiled_module_follows_the_devices_table_and_then_the_switch(posed_table):
@@ -92,7 +126,7 @@ def test_a_compiled_module_follows_the_devices_table_and_then_the_switch(posed_t
     if native_op.unavailable() is not None:
         pytest.skip(native_op.unavailable())
     qw = ht.quantize_weight(torch.randn(24, 256), "w4a16")
-    mod, x = QuantLinear(qw), torch.randn(3, 256)
+    mod, x = QuantLinear(qw), torch.randn(1, 256)  # 1 token: inside the posed verdict
     graphs = []
 
     def capture(gm, example_inputs):
@@ -104,6 +138,7 @@ def test_a_compiled_module_follows_the_devices_table_and_then_the_switch(posed_t
         fn(x)
         native_op.set_enabled(False)
         fn(x)
+    torch._dynamo.reset()
     assert graphs == [{"humming_triton.quant_linear_native"}, {"humming_triton.quant_linear_nograd"}], graphs
 
 
@@ -148,7 +183,7 @@ def test_switch_verdicts_write_only_their_own_device_table(tmp_path):
     data = json.loads(table.read_text())
     assert data["dispatch"] == {"k": 1} and data["switches"]["moe_pipeline"]["evidence"] == "kept"
     assert data["switches"]["native_op"]["on"] and "abc1234" in data["switches"]["native_op"]["evidence"]
-    assert data["switches"]["native_op"]["max_tokens"] == 1  # the records' batch
+    assert data["switches"]["native_op"]["max_tokens"] == 1 and data["switches"]["native_op"]["schemes"] == ["w4a16"]
     other = tmp_path / "gpu_b.json"
     other.write_text(json.dumps({"device": "GPU B"}))
     assert main([str(run), "--commit", "abc1234", "--write", str(other)]) == 2  # another device's table
@@ -164,7 +199,9 @@ def test_committed_switch_verdicts_follow_from_their_evidence(table):
         files = re.findall(r"benchmarks/results/\S+?\.json", entry["evidence"])
         assert files, f"{table.name}: {name}'s evidence names no committed e2e results"
         results = [json.loads((repo / f).read_text()) for f in files]
-        assert verdicts(results)[name]["on"] is entry["on"], f"{table.name}: {name}"
+        v = verdicts(results)[name]
+        assert (v["on"], v["max_tokens"], v["schemes"]) == (entry["on"], entry["max_tokens"], entry["schemes"]), \
+            f"{table.name}: {name}"
 
 
 def test_a_native_op_switched_on_but_not_built_says_so_once(monkeypatch):
@@ -172,11 +209,11 @@ def test_a_native_op_switched_on_but_not_built_says_so_once(monkeypatch):
     monkeypatch.setattr(native_op, "_WARNED", [])
     monkeypatch.setattr(native_op, "ON", True)
     with pytest.warns(RuntimeWarning, match="did not build \\(no compiler\\); the Python host path runs instead"):
-        assert not native_op.enabled(1)
+        assert not native_op.enabled(1, "w4a16")
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert not native_op.enabled(1)  # once
+        assert not native_op.enabled(1, "w4a16")  # once
 
 
 def test_a_switch_is_on_up_to_the_largest_batch_it_still_wins_at():
@@ -196,10 +233,32 @@ def test_doctor_says_where_each_switch_stands(monkeypatch):
     facts = capability.DeviceFacts((9, 0), 132, 227 * 1024, "NVIDIA H100 80GB HBM3", "h100_80gb_hbm3")
     with capability.pose_as(facts):
         text = doctor.report()
-    assert re.search(r"native_op +on up to \d+ token\(s\) per call: this device's table \(commit \w+\)", text), text
+    assert re.search(r"native_op +on for mxfp4, w4a16 up to 1 token\(s\) per call: this device's table \(commit \w+\)",
+                     text), text
     assert re.search(r"compile_triton +off: this device's table \(commit \w+\) measured it slower", text), text
     monkeypatch.setattr(moe, "ON", False)
     with capability.pose_as((8, 0)):  # a device without a table
         text = doctor.report()
     assert re.search(r"moe_pipeline +off: set \(HUMMING_TRITON_MOE_PIPELINE or set_enabled\)", text), text
     assert re.search(r"native_op +off: this device's table has no verdict", text), text
+
+
+def test_a_failed_or_wrong_variant_is_a_lost_comparison():
+    from benchmarks.switch_verdicts import verdicts
+    good = _record("llama", "w4a16", eager=4.8, eager_native=4.4)
+    raised = {**_record("llama", "mxfp4", eager=4.8), "native_error": "RuntimeError: boom"}
+    wrong = {**_record("llama", "mxfp4", eager=4.8, eager_native=4.0), "native_rel_diff_vs_eager": 0.5}
+    assert verdicts([{"records": [good]}])["native_op"]["on"]
+    for bad in (raised, wrong):
+        v = verdicts([{"records": [good, bad]}])["native_op"]
+        assert not v["on"] and v["worst"] == 0.0
+    assert len(verdicts([{"records": [good, good]}])["native_op"]["rows"]) == 1  # a repeated record counts once
+
+
+def test_a_batch_that_lacks_a_model_ends_the_scope():
+    from benchmarks.switch_verdicts import verdicts
+    rec = lambda model, batch: {**_record(model, "w4a16", compile=3.0, compile_native=2.5), "batch": batch}  # noqa: E731
+    v = verdicts([{"records": [rec("llama", 1), rec("qwen3_moe", 1), rec("llama", 8)]}])["native_op"]
+    assert v["on"] and v["max_tokens"] == 1  # batch 8 ran the dense model only: not a verdict for the MoE
+    v = verdicts([{"records": [rec("llama", 1), rec("qwen3_moe", 1), rec("llama", 8), rec("qwen3_moe", 8)]}])
+    assert v["native_op"]["max_tokens"] == 8

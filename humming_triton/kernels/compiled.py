@@ -35,15 +35,15 @@ def set_enabled(on: bool | None) -> None:
     ON = None if on is None else bool(on)
 
 
-def _measured() -> bool:
-    return switches.measured("compile_triton")
+def _table_tokens(scheme: str) -> int:
+    return switches.table_tokens("compile_triton", scheme)
 
 
-measured = torch._dynamo.assume_constant_result(_measured)  # folded at trace time (one device per process)
+table_tokens = torch._dynamo.assume_constant_result(_table_tokens)  # folded at trace time (one device kind)
 
 
-def enabled() -> bool:
-    return ON if ON is not None else measured()
+def enabled(tokens: int, scheme: str) -> bool:
+    return ON if ON is not None else 0 < tokens <= table_tokens(scheme)
 
 
 def _capturing_cuda_graphs() -> bool:

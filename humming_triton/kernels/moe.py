@@ -33,18 +33,18 @@ def set_enabled(on: bool | None) -> None:
     ON = None if on is None else bool(on)
 
 
-def _table_tokens() -> int:
-    return switches.measured_tokens("moe_pipeline")
+def _table_tokens(scheme: str) -> int:
+    return switches.table_tokens("moe_pipeline", scheme)
 
 
-# folded at trace time (one device per process)
+# folded at trace time (one device kind per process)
 table_tokens = torch._dynamo.assume_constant_result(_table_tokens)
 
 
-def enabled(tokens: int) -> bool:
-    """Whether a fused MoE call of ``tokens`` tokens runs the pipeline: the switch if set, else the device's table,
-    up to the most tokens per call its A/B timed (the pipeline's kernels change with the row count)."""
-    return ON if ON is not None else tokens <= table_tokens()
+def enabled(tokens: int, scheme: str) -> bool:
+    """Whether a fused MoE call of ``tokens`` tokens of ``scheme`` runs the pipeline: the switch if set, else the
+    device's table (the schemes and token counts its A/B timed: the pipeline's kernels change with the rows)."""
+    return ON if ON is not None else 0 < tokens <= table_tokens(scheme)
 
 
 def pipelined_moe_forward(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight, topk_weights: torch.Tensor,
@@ -91,12 +91,14 @@ def triton_fused_moe(hidden: torch.Tensor, w13: QuantWeight, w2: QuantWeight, to
 
     from ..linear import grouped_linear
     from ..ops import weight_args
-    if measured and native_op.enabled(topk_ids.shape[0]):  # each planned grouped call's host path in C++
+    tokens, scheme = topk_ids.shape[0], w13.scheme.name
+    if measured and native_op.enabled(tokens, scheme):  # each planned grouped call's host path in C++
         gemm = lambda x, qw, offsets: torch.ops.humming_triton.grouped_linear_native(  # noqa: E731
             x, *weight_args(qw), offsets, None, "auto", torch.float32)
     elif measured:
         gemm = lambda x, qw, offsets: grouped_linear(x, qw, offsets, out_dtype=torch.float32)  # noqa: E731
     else:
         gemm = lambda x, qw, offsets: triton_grouped_linear(x, qw, offsets, out_dtype=torch.float32)  # noqa: E731
-    forward = pipelined_moe_forward if enabled(topk_ids.shape[0]) else moe_forward
+    # the pipeline as timed: around the measured GEMMs (backend "auto"); forced on (ON), around any
+    forward = pipelined_moe_forward if (measured or ON) and enabled(tokens, scheme) else moe_forward
     return forward(hidden, w13, w2, topk_weights, topk_ids, activation, gemm)

@@ -38,6 +38,7 @@ class QuantLinear(QuantBuffersMixin, nn.Module):
             raise ValueError(f"bias must have shape [{qw.N}], got {list(bias.shape)}")
         self.in_features, self.out_features = qw.K, qw.N
         self.scheme: QuantScheme = qw.scheme
+        self._scheme_key = qw.scheme.name  # a plain str: torch.compile folds what forward asks the switches with
         self.backend = backend
         self._register_quant_weight("weight", qw)
         self.register_buffer("bias", None if bias is None else bias.detach())
@@ -64,16 +65,17 @@ class QuantLinear(QuantBuffersMixin, nn.Module):
         # the bias goes in the op's override slot, so the QuantWeight rebuilt inside stays bias-free and cached
         args = self._weight_args("weight", None)
         if eager_direct(x):  # eager inference: the op's own body, without the dispatcher's custom-op layer
-            if native_op.enabled(x.numel() // x.shape[-1]):  # a planned call's host path in C++ (switches.py)
+            if native_op.enabled(x.numel() // x.shape[-1], self._scheme_key):  # host path in C++ (switches.py)
                 return torch.ops.humming_triton.quant_linear_native(x, *args, self.bias, self.backend, None)
             return quant_linear(x, quant_weight_from_args(*args), self.bias, self.backend, None)
         bias = self.bias
         if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
             return torch.ops.humming_triton.quant_linear(x, *args, bias, self.backend, None)
         # the switches are module globals that dynamo guards, or the device's measured verdict (switches.py)
-        if compiled.enabled() and x.is_cuda:  # inductor launches the Triton kernel itself
+        tokens = x.numel() // x.shape[-1]
+        if compiled.enabled(tokens, self._scheme_key) and x.is_cuda:  # inductor launches the Triton kernel itself
             return torch.ops.humming_triton.quant_linear_triton(x, *args, bias, self.backend)
-        if native_op.enabled(x.numel() // x.shape[-1]):  # a planned native decode call's host path in C++
+        if native_op.enabled(tokens, self._scheme_key):  # a planned native decode call's host path in C++
             return torch.ops.humming_triton.quant_linear_native(x, *args, bias, self.backend, None)
         # no gradient wanted (compiled inference): the op without the autograd layer (ops.py)
         return torch.ops.humming_triton.quant_linear_nograd(x, *args, bias, self.backend, None)

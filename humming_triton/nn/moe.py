@@ -108,6 +108,7 @@ class QuantMoE(QuantBuffersMixin, nn.Module):
         check_backend_name(backend)
         self.num_experts, self.hidden_dim, self.intermediate_dim = down.num_experts, down.N, down.K
         self.activation, self.backend, self.scheme = activation, backend, gate_up.scheme
+        self._scheme_key = gate_up.scheme.name  # a plain str: torch.compile folds what forward asks the switches with
         # HF marks routing slots of experts living on another rank with index == num_experts
         self.expert_parallel = expert_parallel
         self._register_quant_weight("gate_up_proj", gate_up)
@@ -153,7 +154,7 @@ class QuantMoE(QuantBuffersMixin, nn.Module):
             y = torch.ops.humming_triton.fused_moe(h, *w13, *w2, top_k_weights, top_k_index, self.activation,
                                                    self.backend)  # raises if backpropagated through (ops.py)
         elif self.backend == "auto":  # compiled inference: routing, activation and reduction in the graph
-            gemm = _grouped_native if native_op.enabled(top_k_index.shape[0]) else _grouped_nograd
+            gemm = _grouped_native if native_op.enabled(top_k_index.shape[0], self._scheme_key) else _grouped_nograd
             y = moe_forward(h, _Experts(w13), _Experts(w2), top_k_weights, top_k_index, self.activation, gemm)
         else:  # a named backend's fused MoE, without the autograd layer (ops.py)
             y = torch.ops.humming_triton.fused_moe_nograd(h, *w13, *w2, top_k_weights, top_k_index, self.activation,
