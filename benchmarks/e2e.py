@@ -120,20 +120,25 @@ OPT_IN_COMPILES = ("compile_triton", "compile_native", "compile_table")
 
 
 @contextlib.contextmanager
-def as_the_table_says():
-    """Every switch unset for the duration: each path on exactly where this device's table turns it on -- the
-    library's default here (humming_triton/switches.py), timed as a whole against the all-off baseline."""
+def _every_switch(on: bool | None):
+    """Every switch of humming_triton/switches.py set to ``on`` for the duration, then restored."""
     from cutlass_ext import native_op
     from humming_triton.kernels import compiled, moe
     modules = (native_op, compiled, moe)
     before = [m.ON for m in modules]
     for m in modules:
-        m.set_enabled(None)
+        m.set_enabled(on)
     try:
         yield
     finally:
-        for m, on in zip(modules, before):
-            m.set_enabled(on)
+        for m, was in zip(modules, before):
+            m.set_enabled(was)
+
+
+def as_the_table_says():
+    """Every switch unset for the duration: each path on exactly where this device's table turns it on -- the
+    library's default here (humming_triton/switches.py), timed as a whole against the all-off baseline."""
+    return _every_switch(None)
 
 
 @contextlib.contextmanager
@@ -189,22 +194,11 @@ def _room_for_every_graph():
     return cfg.patch(**patch)
 
 
-@contextlib.contextmanager
 def every_switch_off():
     """Every switch of humming_triton/switches.py off for the duration: the baseline variants (eager / graph /
     compile) run the Python host path and the torch MoE steps whatever this device's table turns on, and each
     opt-in variant turns its own switch on (``switched_on``) -- a same-run A/B of that path alone."""
-    from cutlass_ext import native_op
-    from humming_triton.kernels import compiled, moe
-    modules = (native_op, compiled, moe)
-    before = [m.ON for m in modules]
-    for m in modules:
-        m.set_enabled(False)
-    try:
-        yield
-    finally:
-        for m, on in zip(modules, before):
-            m.set_enabled(on)
+    return _every_switch(False)
 
 
 def run(args) -> dict:
