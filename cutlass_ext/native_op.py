@@ -64,12 +64,11 @@ def set_enabled(on: bool | None) -> None:
     ON = None if on is None else bool(on)
 
 
-# the device's verdict, folded by torch.compile as a constant at trace time (one device per process)
 def _table_tokens(scheme: str) -> int:
     return switches.table_tokens("native_op", scheme)
 
 
-# folded at trace time (one device kind per process)
+# the device's verdict, folded by torch.compile as a constant at trace time (one device kind per process)
 table_tokens = torch._dynamo.assume_constant_result(_table_tokens)
 
 

@@ -5,10 +5,10 @@ grouped tiles where the caller asked for ``backend="triton"`` -- no host sync an
 captured in a CUDA graph (the reference backend's grouped GEMM syncs with the host).
 
 A switch (``ON``, humming_triton/switches.py: on where the device's measured table says so -- the H100's, from
-session 35 -- or by ``HUMMING_TRITON_MOE_PIPELINE=1`` / ``set_enabled``): the steps around the GEMMs as three Triton launches (``_moe_pipeline.py``: route + gather, gated activation, weighted
-combine) instead of ~15 torch kernels, for up to ``PIPELINE_MAX_ROWS`` routed rows."""
+session 35 -- or by ``HUMMING_TRITON_MOE_PIPELINE=1`` / ``set_enabled``): the steps around the GEMMs as three
+Triton launches (``_moe_pipeline.py``: route + gather, gated activation, weighted combine) instead of ~15 torch
+kernels, for up to ``PIPELINE_MAX_ROWS`` routed rows."""
 from __future__ import annotations
-
 
 import torch
 import triton
